@@ -1,0 +1,118 @@
+"""Typed errors with stable reason codes.
+
+Every error recoverd raises on purpose is a :class:`RecoverdError` carrying a :class:`Reason` (a
+stable code, the same string written into event records) and a human-readable ``detail``. A
+reconcile pass records bad input as an event with its reason and does not retry it: a retry cannot
+fix bad input. Anything else is an internal error, logged with its traceback and requeued.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = [
+    "BadRecord",
+    "BadReport",
+    "ConfigError",
+    "EtcdUnavailable",
+    "FenceLost",
+    "IllegalTransition",
+    "JobSpecMismatch",
+    "LaunchFailed",
+    "Reason",
+    "RecoverdError",
+    "StaleEpoch",
+    "UnknownRank",
+]
+
+
+class Reason(StrEnum):
+    """Stable reason codes; they appear in events and in `recoverctl events` output."""
+
+    ILLEGAL_TRANSITION = "illegal_transition"
+    STALE_EPOCH = "stale_epoch"
+    FENCE_LOST = "fence_lost"
+    BAD_RECORD = "bad_record"
+    BAD_REPORT = "bad_report"
+    UNKNOWN_RANK = "unknown_rank"
+    UNKNOWN_JOB = "unknown_job"
+    JOB_SPEC_MISMATCH = "job_spec_mismatch"
+    LAUNCH_FAILED = "launch_failed"
+    ETCD_UNAVAILABLE = "etcd_unavailable"
+    CONFIG_ERROR = "config_error"
+    INTERNAL_ERROR = "internal_error"
+
+
+class RecoverdError(Exception):
+    """Base of recoverd's errors: ``reason`` is a stable code, ``detail`` says what happened."""
+
+    reason: Reason = Reason.INTERNAL_ERROR
+
+    def __init__(self, detail: str, *, reason: Reason | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        if reason is not None:
+            self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.detail}"
+
+
+class IllegalTransition(RecoverdError):
+    """An event arrived in a phase that has no rule for it (recorded, never resets the episode)."""
+
+    reason = Reason.ILLEGAL_TRANSITION
+
+
+class StaleEpoch(RecoverdError):
+    """A report or command for an epoch older than the current one (recorded and ignored)."""
+
+    reason = Reason.STALE_EPOCH
+
+
+class FenceLost(RecoverdError):
+    """This coordinator no longer holds the leader key: its write was rejected."""
+
+    reason = Reason.FENCE_LOST
+
+
+class BadRecord(RecoverdError):
+    """A value under the prefix that does not parse as the record its key names."""
+
+    reason = Reason.BAD_RECORD
+
+
+class BadReport(RecoverdError):
+    """A participant's report that is malformed or names something that does not exist."""
+
+    reason = Reason.BAD_REPORT
+
+
+class UnknownRank(RecoverdError):
+    """A fault or report names a rank outside the job's world."""
+
+    reason = Reason.UNKNOWN_RANK
+
+
+class JobSpecMismatch(RecoverdError):
+    """A launcher's job spec disagrees with the job record already stored."""
+
+    reason = Reason.JOB_SPEC_MISMATCH
+
+
+class LaunchFailed(RecoverdError):
+    """A rank process could not be started."""
+
+    reason = Reason.LAUNCH_FAILED
+
+
+class EtcdUnavailable(RecoverdError):
+    """etcd could not be reached within the configured timeout."""
+
+    reason = Reason.ETCD_UNAVAILABLE
+
+
+class ConfigError(RecoverdError):
+    """Invalid settings or command-line input."""
+
+    reason = Reason.CONFIG_ERROR

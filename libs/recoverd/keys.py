@@ -1,0 +1,246 @@
+"""The keyspace: the only module that knows where anything lives in etcd.
+
+Every key recoverd reads or writes is named by a method of :class:`Keyspace`, and every watched key
+is turned back into a typed reference by :meth:`Keyspace.parse`. No other module builds key strings
+(a test greps for the prefix literal). docs/keyspace.md documents each key, its writer and readers.
+
+Layout under the versioned prefix (default ``/recoverd/v1``)::
+
+    leader/coordinator                         Leader        coordinator (leased)
+    jobs/<job>/spec                            JobSpec       first launcher (create-if-absent)
+    jobs/<job>/runs/<uid>/status               JobStatus     coordinator
+    jobs/<job>/runs/<uid>/recovery             Recovery      coordinator
+    jobs/<job>/runs/<uid>/history              History       coordinator
+    jobs/<job>/runs/<uid>/nodes/<node>         NodeRecord    agent (leased)
+    jobs/<job>/runs/<uid>/ranks/<node>         NodeRanks     agent
+    jobs/<job>/runs/<uid>/faults/<fault_id>    Fault         agent / client; deleted by coordinator
+    jobs/<job>/runs/<uid>/reports/<participant>/<kind>  Report  agent / client
+    jobs/<job>/runs/<uid>/decisions/<epoch>    Decision      strategy selector (create-if-absent)
+    jobs/<job>/runs/<uid>/commands/<node>      Command       coordinator
+    jobs/<job>/runs/<uid>/acks/<node>          CommandAck    agent
+    jobs/<job>/runs/<uid>/signals/<seq>        Signal        coordinator
+    events/<job>/<uid>/<event_id>              Event         every service (capped per job)
+
+Events live outside ``jobs/`` so that writing one never wakes the reconcilers watching ``jobs/``
+nor conflicts with the coordinator's fenced transactions over a run's keys.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+from recoverd.errors import BadRecord
+
+__all__ = ["DEFAULT_PREFIX", "KeyKind", "KeyRef", "Keyspace", "RunRef", "check_id"]
+
+DEFAULT_PREFIX = "/recoverd/v1"
+
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")
+_SEQ_WIDTH = 12
+
+
+def check_id(kind: str, value: str) -> str:
+    """Return ``value`` if it is a valid id (job, node, participant, fault); raise otherwise.
+
+    Ids become key segments, so they must not contain ``/`` or start with punctuation.
+    """
+    if not isinstance(value, str) or not _ID_RE.match(value):
+        raise BadRecord(f"invalid {kind} id {value!r}: use 1-253 of [A-Za-z0-9._:-], starting alphanumeric")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class RunRef:
+    """One run of a named job: every per-run key lives under its uid."""
+
+    job: str
+    uid: str
+
+
+class KeyKind(StrEnum):
+    """What a parsed key names."""
+
+    LEADER = "leader"
+    JOB_SPEC = "spec"
+    STATUS = "status"
+    RECOVERY = "recovery"
+    HISTORY = "history"
+    NODE = "nodes"
+    RANKS = "ranks"
+    FAULT = "faults"
+    REPORT = "reports"
+    DECISION = "decisions"
+    COMMAND = "commands"
+    ACK = "acks"
+    SIGNAL = "signals"
+    EVENT = "events"
+
+
+_RUN_SINGLETONS = {KeyKind.STATUS, KeyKind.RECOVERY, KeyKind.HISTORY}
+_RUN_COLLECTIONS = {
+    KeyKind.NODE,
+    KeyKind.RANKS,
+    KeyKind.FAULT,
+    KeyKind.DECISION,
+    KeyKind.COMMAND,
+    KeyKind.ACK,
+    KeyKind.SIGNAL,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRef:
+    """A parsed key: its kind, the job (and run) it belongs to and the item name within it."""
+
+    kind: KeyKind
+    job: str = ""
+    uid: str = ""
+    name: str = ""
+    sub: str = ""
+
+    @property
+    def run(self) -> RunRef:
+        return RunRef(self.job, self.uid)
+
+
+@dataclass(frozen=True, slots=True)
+class Keyspace:
+    """Names every key under one prefix (``--prefix`` / ``RECOVERD_PREFIX``)."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    def __post_init__(self) -> None:
+        if not self.prefix.startswith("/") or self.prefix.endswith("/") or "//" in self.prefix:
+            raise BadRecord(f"invalid key prefix {self.prefix!r}: must start with '/' and not end with '/'")
+
+    # ---------------------------------------------------------------- global
+    def leader(self) -> str:
+        return f"{self.prefix}/leader/coordinator"
+
+    def jobs_prefix(self) -> str:
+        return f"{self.prefix}/jobs/"
+
+    def events_root(self) -> str:
+        return f"{self.prefix}/events/"
+
+    # ---------------------------------------------------------------- job
+    def job_prefix(self, job: str) -> str:
+        return f"{self.prefix}/jobs/{check_id('job', job)}/"
+
+    def job_spec(self, job: str) -> str:
+        return f"{self.job_prefix(job)}spec"
+
+    def runs_prefix(self, job: str) -> str:
+        return f"{self.job_prefix(job)}runs/"
+
+    def run_prefix(self, run: RunRef) -> str:
+        return f"{self.runs_prefix(run.job)}{check_id('run', run.uid)}/"
+
+    def status(self, run: RunRef) -> str:
+        return f"{self.run_prefix(run)}status"
+
+    def recovery(self, run: RunRef) -> str:
+        return f"{self.run_prefix(run)}recovery"
+
+    def history(self, run: RunRef) -> str:
+        return f"{self.run_prefix(run)}history"
+
+    def nodes_prefix(self, run: RunRef) -> str:
+        return f"{self.run_prefix(run)}nodes/"
+
+    def node(self, run: RunRef, node: str) -> str:
+        return f"{self.nodes_prefix(run)}{check_id('node', node)}"
+
+    def ranks_prefix(self, run: RunRef) -> str:
+        return f"{self.run_prefix(run)}ranks/"
+
+    def ranks(self, run: RunRef, node: str) -> str:
+        return f"{self.ranks_prefix(run)}{check_id('node', node)}"
+
+    def faults_prefix(self, run: RunRef) -> str:
+        return f"{self.run_prefix(run)}faults/"
+
+    def fault(self, run: RunRef, fault_id: str) -> str:
+        return f"{self.faults_prefix(run)}{check_id('fault', fault_id)}"
+
+    def reports_prefix(self, run: RunRef) -> str:
+        return f"{self.run_prefix(run)}reports/"
+
+    def report(self, run: RunRef, participant: str, kind: str) -> str:
+        return f"{self.reports_prefix(run)}{check_id('participant', participant)}/{check_id('report kind', kind)}"
+
+    def decisions_prefix(self, run: RunRef) -> str:
+        return f"{self.run_prefix(run)}decisions/"
+
+    def decision(self, run: RunRef, epoch: int) -> str:
+        return f"{self.decisions_prefix(run)}{int(epoch):0{_SEQ_WIDTH}d}"
+
+    def commands_prefix(self, run: RunRef) -> str:
+        return f"{self.run_prefix(run)}commands/"
+
+    def command(self, run: RunRef, node: str) -> str:
+        return f"{self.commands_prefix(run)}{check_id('node', node)}"
+
+    def acks_prefix(self, run: RunRef) -> str:
+        return f"{self.run_prefix(run)}acks/"
+
+    def ack(self, run: RunRef, node: str) -> str:
+        return f"{self.acks_prefix(run)}{check_id('node', node)}"
+
+    def signals_prefix(self, run: RunRef) -> str:
+        return f"{self.run_prefix(run)}signals/"
+
+    def signal(self, run: RunRef, seq: int) -> str:
+        return f"{self.signals_prefix(run)}{int(seq):0{_SEQ_WIDTH}d}"
+
+    # ---------------------------------------------------------------- events
+    def events_prefix(self, run: RunRef) -> str:
+        return f"{self.prefix}/events/{check_id('job', run.job)}/{check_id('run', run.uid)}/"
+
+    def job_events_prefix(self, job: str) -> str:
+        return f"{self.prefix}/events/{check_id('job', job)}/"
+
+    def event(self, run: RunRef, event_id: str) -> str:
+        return f"{self.events_prefix(run)}{check_id('event', event_id)}"
+
+    # ---------------------------------------------------------------- parsing
+    def parse(self, key: str | bytes) -> KeyRef:
+        """Turn a key under the prefix back into a :class:`KeyRef`; raise BadRecord if it is not ours.
+
+        Used by watch handlers to find which job a changed key belongs to. Ids are re-checked, so
+        a hand-written key such as ``jobs/a b/spec`` is rejected, not misrouted.
+        """
+        text = key.decode() if isinstance(key, bytes) else key
+        root = f"{self.prefix}/"
+        if not text.startswith(root):
+            raise BadRecord(f"key {text!r} is outside the prefix {self.prefix!r}")
+        parts = text[len(root) :].split("/")
+        if parts == ["leader", "coordinator"]:
+            return KeyRef(KeyKind.LEADER)
+        if len(parts) >= 2 and parts[0] == "events":
+            job = check_id("job", parts[1])
+            uid = check_id("run", parts[2]) if len(parts) > 2 and parts[2] else ""
+            name = parts[3] if len(parts) > 3 else ""
+            return KeyRef(KeyKind.EVENT, job, uid, name)
+        if len(parts) < 3 or parts[0] != "jobs":
+            raise BadRecord(f"key {text!r} names nothing recoverd knows")
+        job = check_id("job", parts[1])
+        if parts[2:] == ["spec"]:
+            return KeyRef(KeyKind.JOB_SPEC, job)
+        if len(parts) < 5 or parts[2] != "runs":
+            raise BadRecord(f"key {text!r} names nothing recoverd knows")
+        uid = check_id("run", parts[3])
+        try:
+            kind = KeyKind(parts[4])
+        except ValueError:
+            raise BadRecord(f"key {text!r}: unknown record kind {parts[4]!r}") from None
+        rest = parts[5:]
+        if kind in _RUN_SINGLETONS and not rest:
+            return KeyRef(kind, job, uid)
+        if kind in _RUN_COLLECTIONS and len(rest) == 1:
+            return KeyRef(kind, job, uid, check_id(kind.value, rest[0]))
+        if kind is KeyKind.REPORT and len(rest) == 2:
+            return KeyRef(kind, job, uid, check_id("participant", rest[0]), check_id("report kind", rest[1]))
+        raise BadRecord(f"key {text!r}: malformed {kind.value} key")

@@ -1,0 +1,57 @@
+"""The store edge for records: proto messages to and from proto3 JSON, and wall-clock helpers.
+
+Values in etcd are proto3 JSON with the proto field names (snake_case) and enums by name, so
+``etcdctl get --prefix /recoverd/v1/jobs/J/`` is readable during an incident. Decoding ignores
+unknown fields (a newer writer may add some) and turns anything unparsable into :class:`BadRecord`
+naming the key, so one bad value is recorded and skipped instead of crashing a reconcile pass.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TypeVar
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from recoverd.errors import BadRecord
+from recoverd.v1 import records_pb2 as pb
+
+__all__ = ["decode", "encode", "pb", "ts_from_s", "ts_to_s", "wall_now"]
+
+M = TypeVar("M", bound=Message)
+
+
+def encode(message: Message) -> bytes:
+    """Serialise a record as compact proto3 JSON (field names as in the .proto, enums by name)."""
+    return json_format.MessageToJson(
+        message, preserving_proto_field_name=True, indent=None, sort_keys=True
+    ).encode()
+
+
+def decode(cls: type[M], raw: bytes | str, key: str = "") -> M:
+    """Parse a stored record; raise BadRecord (with the key) when it is not a valid ``cls``."""
+    message = cls()
+    try:
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        json_format.Parse(text, message, ignore_unknown_fields=True)
+    except (json_format.ParseError, UnicodeDecodeError, ValueError, TypeError) as err:
+        where = f" at {key}" if key else ""
+        raise BadRecord(f"malformed {cls.__name__}{where}: {err}") from err
+    return message
+
+
+def wall_now() -> float:
+    """Wall-clock seconds since the epoch: only for instants stored in etcd (deadlines, stamps)."""
+    return time.time()
+
+
+def ts_from_s(seconds: float) -> Timestamp:
+    stamp = Timestamp()
+    stamp.FromNanoseconds(int(seconds * 1e9))
+    return stamp
+
+
+def ts_to_s(stamp: Timestamp) -> float:
+    return float(stamp.ToNanoseconds()) / 1e9

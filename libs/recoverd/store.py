@@ -1,0 +1,458 @@
+"""The one module that talks to etcd.
+
+Wraps the chosen client (aetcd, docs/adr/0002; nothing else imports it: importing two etcd clients
+in one process fails with "duplicate symbol") and adds what it lacks:
+
+* **resuming watches**: :meth:`Store.watch_prefix` survives an etcd restart or a lost connection by
+  re-watching from the last seen ``mod_revision + 1``, so no event is lost or delivered twice, and
+  yields a :class:`Resync` marker after every reconnect or compaction so level-triggered callers
+  re-read everything once;
+* **lease keep-alive**: :class:`LeaseKeeper` refreshes a lease every TTL/3 and sets ``lost`` once it
+  has certainly expired, so its owner can re-register;
+* **typed transactions**: compares and operations are our own small dataclasses, so callers state
+  fences (``ValueIs(leader_key, me)``, ``ModRevisionAtMost(run_prefix, read_rev)``) without the
+  client's types;
+* **endpoint failover**: a comma-separated endpoint list; a connection failure moves to the next.
+
+Every call has a timeout (``op_timeout_s``); a connection problem raises :class:`EtcdUnavailable`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import aetcd
+import aetcd.exceptions as aetcd_errors
+
+from recoverd.errors import ConfigError, EtcdUnavailable
+
+__all__ = [
+    "KV",
+    "Absent",
+    "Compare",
+    "Delete",
+    "DeletePrefix",
+    "LeaseKeeper",
+    "ModRevisionAtMost",
+    "Op",
+    "Put",
+    "Resync",
+    "Snapshot",
+    "Store",
+    "TxnResult",
+    "ValueIs",
+    "WatchEvent",
+    "parse_endpoints",
+]
+
+log = logging.getLogger(__name__)
+
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    aetcd_errors.ConnectionFailedError,
+    aetcd_errors.ConnectionTimeoutError,
+    aetcd_errors.InternalError,
+    aetcd_errors.WatchTimeoutError,
+    asyncio.TimeoutError,
+    ConnectionError,
+    OSError,
+)
+
+
+def parse_endpoints(text: str | Sequence[str]) -> list[tuple[str, int]]:
+    """Parse ``etcd://h:p,h:p``, ``http://h:p``, or ``h:p`` lists into (host, port) pairs."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    endpoints: list[tuple[str, int]] = []
+    for item in items:
+        raw = item.strip()
+        if not raw:
+            continue
+        for scheme in ("etcd://", "http://", "https://"):
+            if raw.startswith(scheme):
+                raw = raw[len(scheme) :]
+        raw = raw.rstrip("/")
+        host, sep, port = raw.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"invalid etcd endpoint {item.strip()!r}: expected host:port")
+        endpoints.append((host.strip("[]"), int(port)))
+    if not endpoints:
+        raise ConfigError("no etcd endpoint given (--etcd or RECOVERD_ETCD)")
+    return endpoints
+
+
+@dataclass(frozen=True, slots=True)
+class KV:
+    key: str
+    value: bytes
+    mod_revision: int
+    create_revision: int
+    lease: int
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A consistent read of a range: every value as of ``revision``."""
+
+    revision: int
+    kvs: list[KV]
+
+
+# ------------------------------------------------------------------ transactions
+
+
+@dataclass(frozen=True, slots=True)
+class ValueIs:
+    key: str
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Absent:
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModRevisionAtMost:
+    """Nothing in ``key`` (or, with ``is_prefix``, in the whole range) changed after ``revision``."""
+
+    key: str
+    revision: int
+    is_prefix: bool = False
+
+
+Compare = ValueIs | Absent | ModRevisionAtMost
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    key: str
+    value: bytes
+    lease: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeletePrefix:
+    prefix: str
+
+
+Op = Put | Delete | DeletePrefix
+
+
+@dataclass(frozen=True, slots=True)
+class TxnResult:
+    succeeded: bool
+    revision: int
+
+
+# ------------------------------------------------------------------ watches
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    key: str
+    value: bytes
+    mod_revision: int
+    is_delete: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Resync:
+    """The watch reconnected or skipped compacted history: re-read the state once."""
+
+    reason: str
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    as_list = bytearray(prefix)
+    for i in reversed(range(len(as_list))):
+        if as_list[i] < 0xFF:
+            as_list[i] += 1
+            return bytes(as_list[: i + 1])
+    return b"\0"
+
+
+class _State(Enum):
+    UNOPENED = "unopened"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class Store:
+    """An etcd connection with resuming watches, kept leases and typed transactions.
+
+    Use as ``async with Store(endpoints) as store:``. One per process (see the module docstring).
+    """
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        *,
+        connect_timeout_s: float = 5.0,
+        op_timeout_s: float = 5.0,
+        watch_retry_s: float = 0.05,
+        watch_retry_max_s: float = 1.0,
+    ) -> None:
+        self.endpoints = parse_endpoints(endpoints)
+        self.connect_timeout_s = connect_timeout_s
+        self.op_timeout_s = op_timeout_s
+        self.watch_retry_s = watch_retry_s
+        self.watch_retry_max_s = watch_retry_max_s
+        self._current = 0
+        self._client: Any = None
+        self._state = _State.UNOPENED
+
+    @property
+    def endpoint(self) -> str:
+        host, port = self.endpoints[self._current]
+        return f"{host}:{port}"
+
+    async def __aenter__(self) -> Store:
+        if self._state is not _State.UNOPENED:
+            raise RuntimeError(f"Store cannot be entered twice (state: {self._state.value})")
+        self._state = _State.OPEN
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection; idempotent."""
+        self._state = _State.CLOSED
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.close(), timeout=self.connect_timeout_s)
+
+    # ---------------------------------------------------------------- connection
+    async def _get_client(self) -> Any:
+        if self._state is _State.CLOSED:
+            raise EtcdUnavailable("store is closed")
+        if self._client is None:
+            host, port = self.endpoints[self._current]
+            client = aetcd.Client(host=host, port=port, timeout=self.op_timeout_s)
+            try:
+                await asyncio.wait_for(client.connect(), timeout=self.connect_timeout_s)
+            except _CONNECTION_ERRORS as err:
+                raise EtcdUnavailable(f"cannot connect to etcd at {host}:{port}: {err!r}") from err
+            self._client = client
+        return self._client
+
+    async def _failover(self) -> None:
+        """Drop the current connection and move to the next endpoint."""
+        client, self._client = self._client, None
+        if len(self.endpoints) > 1:
+            self._current = (self._current + 1) % len(self.endpoints)
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.close(), timeout=1.0)
+
+    async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        client = await self._get_client()
+        try:
+            return await asyncio.wait_for(getattr(client, name)(*args, **kwargs), timeout=self.op_timeout_s)
+        except _CONNECTION_ERRORS as err:
+            await self._failover()
+            raise EtcdUnavailable(f"etcd {name} failed at {self.endpoint}: {err!r}") from err
+
+    # ---------------------------------------------------------------- reads
+    async def get(self, key: str) -> KV | None:
+        result = await self._call("get", key.encode())
+        if result is None:
+            return None
+        return KV(key, result.value, result.mod_revision, result.create_revision, result.lease)
+
+    async def get_prefix(self, prefix: str) -> Snapshot:
+        """Every key under ``prefix`` at one revision (sorted by key)."""
+        result = await self._call("get_prefix", prefix.encode(), sort_order="ascend", sort_target="key")
+        kvs = [KV(kv.key.decode(), kv.value, kv.mod_revision, kv.create_revision, kv.lease) for kv in result]
+        return Snapshot(result.header.revision, kvs)
+
+    async def revision(self) -> int:
+        """The store's current revision (for starting a watch after a read)."""
+        return (await self.get_prefix("\0\0recoverd-revision-probe")).revision
+
+    # ---------------------------------------------------------------- writes
+    async def put(self, key: str, value: bytes, *, lease: int | None = None) -> int:
+        result = await self._call("put", key.encode(), value, lease=lease)
+        return int(result.header.revision)
+
+    async def delete(self, key: str) -> bool:
+        result = await self._call("delete", key.encode())
+        return result is not None and bool(getattr(result, "deleted", 0))
+
+    async def delete_prefix(self, prefix: str) -> int:
+        result = await self._call("delete_prefix", prefix.encode())
+        return int(getattr(result, "deleted", 0))
+
+    async def txn(self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()) -> TxnResult:
+        """Apply ``success`` atomically if every compare holds, else ``failure``."""
+        client = await self._get_client()
+        tx = client.transactions
+        built: list[Any] = []
+        for cmp in compares:
+            if isinstance(cmp, ValueIs):
+                built.append(tx.value(cmp.key.encode()) == cmp.value)
+            elif isinstance(cmp, Absent):
+                built.append(tx.create(cmp.key.encode()) == 0)
+            else:
+                key = cmp.key.encode()
+                mod = tx.mod(key, _prefix_end(key)) if cmp.is_prefix else tx.mod(key)
+                built.append(mod < cmp.revision + 1)
+
+        def ops(items: Sequence[Op]) -> list[Any]:
+            out: list[Any] = []
+            for op in items:
+                if isinstance(op, Put):
+                    out.append(tx.put(op.key.encode(), op.value, lease=op.lease))
+                elif isinstance(op, Delete):
+                    out.append(tx.delete(op.key.encode()))
+                else:
+                    key = op.prefix.encode()
+                    out.append(tx.delete(key, _prefix_end(key)))
+            return out
+
+        try:
+            response = await asyncio.wait_for(
+                client.kvstub.Txn(
+                    aetcd.rpc.TxnRequest(
+                        compare=[c.build_message() for c in built],
+                        success=client._ops_to_requests(ops(success)),
+                        failure=client._ops_to_requests(ops(failure)),
+                    ),
+                    timeout=self.op_timeout_s,
+                    metadata=client.metadata,
+                ),
+                timeout=self.op_timeout_s,
+            )
+        except (aetcd.rpc.AioRpcError, *_CONNECTION_ERRORS) as err:
+            await self._failover()
+            raise EtcdUnavailable(f"etcd txn failed at {self.endpoint}: {err!r}") from err
+        return TxnResult(bool(response.succeeded), int(response.header.revision))
+
+    async def create(self, key: str, value: bytes, *, lease: int | None = None) -> bool:
+        """Put ``key`` only if it does not exist; True if this call created it."""
+        return (await self.txn([Absent(key)], [Put(key, value, lease)])).succeeded
+
+    # ---------------------------------------------------------------- leases
+    def lease(self, ttl_s: float) -> LeaseKeeper:
+        return LeaseKeeper(self, ttl_s)
+
+    async def _grant(self, ttl: int) -> int:
+        lease = await self._call("lease", ttl)
+        return int(lease.id)
+
+    async def _refresh(self, lease_id: int) -> int:
+        reply = await self._call("refresh_lease", lease_id)
+        return int(reply.TTL) if reply is not None else 0
+
+    async def _revoke(self, lease_id: int) -> None:
+        await self._call("revoke_lease", lease_id)
+
+    # ---------------------------------------------------------------- watches
+    async def watch_prefix(self, prefix: str, start_revision: int) -> AsyncIterator[WatchEvent | Resync]:
+        """Every change under ``prefix`` from ``start_revision`` on, in order, exactly once.
+
+        Survives etcd restarts and lost connections (resumes from the last ``mod_revision + 1``,
+        then yields :class:`Resync`); after compaction it yields :class:`Resync` and continues from
+        the compaction point. Runs until cancelled.
+        """
+        next_rev = start_revision
+        delay = self.watch_retry_s
+        key = prefix.encode()
+        while True:
+            watch = None
+            try:
+                client = await self._get_client()
+                watch = await asyncio.wait_for(
+                    client.watch(key, range_end=_prefix_end(key), start_revision=next_rev),
+                    timeout=self.op_timeout_s,
+                )
+                delay = self.watch_retry_s
+                async for event in watch:
+                    kv = event.kv
+                    next_rev = kv.mod_revision + 1
+                    yield WatchEvent(
+                        kv.key.decode(), kv.value, kv.mod_revision, event.kind == aetcd.rtypes.EventKind.DELETE
+                    )
+                # The iterator ended without an error: the stream was shut down under us.
+                raise aetcd_errors.ConnectionFailedError("watch stream ended")
+            except aetcd_errors.RevisionCompactedError as err:
+                log.warning("watch on %s: history compacted below %s; resyncing", prefix, err.compacted_revision)
+                next_rev = err.compacted_revision
+                yield Resync("compacted")
+            except (EtcdUnavailable, *_CONNECTION_ERRORS) as err:
+                log.info("watch on %s lost (%r); retrying in %.2fs", prefix, err, delay)
+                await self._failover()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.watch_retry_max_s)
+                yield Resync("reconnected")
+            finally:
+                if watch is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(watch.cancel(), timeout=0.5)
+
+
+class LeaseKeeper:
+    """Grants a lease and keeps it alive; ``lost`` is set once it has certainly expired.
+
+    ``async with store.lease(ttl_s) as lease:`` grants on entry, refreshes every TTL/3 in a task,
+    and revokes on exit (best effort). A refresh that fails because etcd is unreachable is retried;
+    once more than the TTL has passed since the last good refresh, or etcd answers TTL 0, the lease
+    is lost and the owner must register again with a new one.
+    """
+
+    def __init__(self, store: Store, ttl_s: float) -> None:
+        self.store = store
+        self.ttl = max(1, round(ttl_s))
+        self.id = 0
+        self.lost = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> LeaseKeeper:
+        self.id = await self.store._grant(self.ttl)
+        self._task = asyncio.create_task(self._keep_alive(), name=f"lease-{self.id:x}")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self, *, revoke: bool = True) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if revoke and self.id and not self.lost.is_set():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.store._revoke(self.id), timeout=1.0)
+        self.lost.set()
+
+    async def _keep_alive(self) -> None:
+        period = self.ttl / 3
+        last_ok = time.monotonic()
+        while True:
+            await asyncio.sleep(period)
+            try:
+                ttl = await self.store._refresh(self.id)
+            except EtcdUnavailable as err:
+                if time.monotonic() - last_ok > self.ttl:
+                    log.warning("lease %x lost: etcd unreachable for more than %ss (%s)", self.id, self.ttl, err)
+                    self.lost.set()
+                    return
+                continue
+            if ttl <= 0:
+                log.warning("lease %x expired", self.id)
+                self.lost.set()
+                return
+            last_ok = time.monotonic()

@@ -1,0 +1,1 @@
+"""Command-line entry points: `recoverd` (services, launcher) and `recoverctl` (operator CLI)."""

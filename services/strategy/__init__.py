@@ -1,0 +1,1 @@
+"""The strategy selector: picks the cheapest safe strategy for a recovery and records why."""

@@ -25,9 +25,7 @@ M = TypeVar("M", bound=Message)
 
 def encode(message: Message) -> bytes:
     """Serialise a record as compact proto3 JSON (field names as in the .proto, enums by name)."""
-    return json_format.MessageToJson(
-        message, preserving_proto_field_name=True, indent=None, sort_keys=True
-    ).encode()
+    return json_format.MessageToJson(message, preserving_proto_field_name=True, indent=None, sort_keys=True).encode()
 
 
 def decode(cls: type[M], raw: bytes | str, key: str = "") -> M:

@@ -63,6 +63,8 @@ _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     ConnectionError,
     OSError,
 )
+# Spelled out as one typed tuple: mypy rejects ``except (X, *tuple_var)``.
+_WATCH_RETRY_ERRORS: tuple[type[BaseException], ...] = (EtcdUnavailable, *_CONNECTION_ERRORS)
 
 
 def parse_endpoints(text: str | Sequence[str]) -> list[tuple[str, int]]:
@@ -240,7 +242,15 @@ class Store:
             raise EtcdUnavailable("store is closed")
         if self._client is None:
             host, port = self.endpoints[self._current]
-            client = aetcd.Client(host=host, port=port, timeout=self.op_timeout_s)
+            # A private subchannel pool: gRPC otherwise shares one connection per target across
+            # channels, so after an etcd outage a "fresh" client inherits the dead connection's
+            # reconnect backoff (1 s growing to 120 s) and fails fast although etcd is back.
+            client = aetcd.Client(
+                host=host,
+                port=port,
+                timeout=self.op_timeout_s,
+                options={"grpc.use_local_subchannel_pool": 1},
+            )
             try:
                 await asyncio.wait_for(client.connect(), timeout=self.connect_timeout_s)
             except _CONNECTION_ERRORS as err:
@@ -363,13 +373,16 @@ class Store:
     async def watch_prefix(self, prefix: str, start_revision: int) -> AsyncIterator[WatchEvent | Resync]:
         """Every change under ``prefix`` from ``start_revision`` on, in order, exactly once.
 
-        Survives etcd restarts and lost connections (resumes from the last ``mod_revision + 1``,
-        then yields :class:`Resync`); after compaction it yields :class:`Resync` and continues from
-        the compaction point. Runs until cancelled.
+        Survives etcd restarts and lost connections (resumes from the last ``mod_revision + 1``);
+        after compaction it continues from the compaction point. Either way it yields one
+        :class:`Resync` as soon as the new watch is live: a re-read then reaches a live etcd, and
+        anything written after that read arrives through the watch. Nothing is yielded while etcd is
+        down (no flood of re-reads against a dead server). Runs until cancelled.
         """
         next_rev = start_revision
         delay = self.watch_retry_s
         key = prefix.encode()
+        resync: str | None = None  # reason for the Resync owed once the watch is live again
         while True:
             watch = None
             try:
@@ -379,6 +392,9 @@ class Store:
                     timeout=self.op_timeout_s,
                 )
                 delay = self.watch_retry_s
+                if resync is not None:
+                    reason, resync = resync, None
+                    yield Resync(reason)
                 async for event in watch:
                     kv = event.kv
                     next_rev = kv.mod_revision + 1
@@ -390,13 +406,13 @@ class Store:
             except aetcd_errors.RevisionCompactedError as err:
                 log.warning("watch on %s: history compacted below %s; resyncing", prefix, err.compacted_revision)
                 next_rev = err.compacted_revision
-                yield Resync("compacted")
-            except (EtcdUnavailable, *_CONNECTION_ERRORS) as err:
+                resync = "compacted"
+            except _WATCH_RETRY_ERRORS as err:
                 log.info("watch on %s lost (%r); retrying in %.2fs", prefix, err, delay)
                 await self._failover()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.watch_retry_max_s)
-                yield Resync("reconnected")
+                resync = resync or "reconnected"  # a pending "compacted" says more; keep it
             finally:
                 if watch is not None:
                     with contextlib.suppress(Exception):

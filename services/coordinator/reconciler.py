@@ -1,0 +1,449 @@
+"""The coordinator's shell: leader election, watches, and one fenced transaction per reconcile pass.
+
+Level-triggered (Kubernetes-controller style): a watch on ``jobs/`` only enqueues the job a changed
+key belongs to; a worker reads the job's whole prefix at one revision, turns what it sees into
+state-machine events (new faults, reports for the current epoch, the selector's decision, a passed
+deadline, the live participants), folds them through :func:`recovery.step`, and commits the new
+record, the effects and the events as ONE transaction that also compares
+
+* the leader key against this instance's value (a deposed leader can change nothing), and
+* the job prefix's mod revision against the revision it read (nothing changed underneath).
+
+If the compare fails the pass is dropped and re-run from a fresh read; it is never patched. A
+missed watch event costs nothing: after a resync every job is enqueued once, and phase deadlines
+are timers that enqueue the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from recoverd import events
+from recoverd.coordinator.codec import fault_from_pb, recovery_from_pb, recovery_to_pb
+from recoverd.coordinator.recovery import (
+    DeadlinePassed,
+    DecisionMade,
+    Effect,
+    EmitEvent,
+    Event,
+    FaultReported,
+    FinishJob,
+    ParticipantsChanged,
+    Phase,
+    PublishSignal,
+    RecordOutcome,
+    RecoverStatusReported,
+    Recovery,
+    SendCommand,
+    StopCompleted,
+    StrategiesReported,
+    Timeouts,
+    step,
+)
+from recoverd.errors import BadRecord, FenceLost, Reason, RecoverdError, UnknownRank
+from recoverd.jobview import JobView, read_job
+from recoverd.keys import Keyspace, RunRef
+from recoverd.records import encode, pb, ts_from_s, ts_to_s
+from recoverd.store import (
+    Delete,
+    DeletePrefix,
+    ModRevisionAtMost,
+    Op,
+    Put,
+    Resync,
+    Store,
+    ValueIs,
+)
+from recoverd.workqueue import WorkQueue
+
+__all__ = ["Coordinator", "CoordinatorSettings", "participant_of_node"]
+
+log = logging.getLogger(__name__)
+
+SOURCE = "coordinator"
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorSettings:
+    """Every wait and bound of the coordinator (seconds unless named otherwise)."""
+
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    lease_ttl_s: float = 5.0
+    #: Events kept per run; older ones are deleted when a recovery closes.
+    event_cap: int = 1000
+    #: Finished runs' keys are deleted this long after they finished.
+    retention_s: float = 3600.0
+    #: Outcomes kept in a run's history (budgets only look at the window anyway).
+    history_cap: int = 100
+    #: Signals kept per run (subscribers read them by watch; old ones are only for inspection).
+    signal_cap: int = 64
+
+
+def participant_of_node(node: str) -> str:
+    return f"agent.{node}"
+
+
+class Coordinator:
+    """The leader-elected recovery coordinator. ``await Coordinator(...).run()`` until cancelled."""
+
+    def __init__(self, store: Store, keys: Keyspace, settings: CoordinatorSettings | None = None) -> None:
+        self.store = store
+        self.keys = keys
+        self.settings = settings or CoordinatorSettings()
+        self.identity = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.is_leader = asyncio.Event()
+        self._leader_value = b""
+        self._queue: WorkQueue[str] = WorkQueue()
+
+    # ---------------------------------------------------------------- leadership
+    async def run(self) -> None:
+        """Campaign for the leader key; while leader, reconcile; on losing it, campaign again."""
+        while True:
+            try:
+                async with self.store.lease(self.settings.lease_ttl_s) as lease:
+                    leader = pb.Leader(
+                        holder=self.identity, host=socket.gethostname(), pid=os.getpid(), since=ts_from_s(time.time())
+                    )
+                    value = encode(leader)
+                    if await self.store.create(self.keys.leader(), value, lease=lease.id):
+                        self._leader_value = value
+                        log.info("coordinator %s is the leader", self.identity)
+                        await self._lead(lease.lost)
+                    else:
+                        await self._wait_for_vacancy(lease.lost)
+            except FenceLost as err:
+                log.warning("coordinator %s lost the leadership: %s", self.identity, err)
+            except RecoverdError as err:
+                log.warning("coordinator %s: %s; retrying", self.identity, err)
+                await asyncio.sleep(min(1.0, self.settings.lease_ttl_s / 3))
+            finally:
+                self.is_leader.clear()
+                self._leader_value = b""
+
+    async def _wait_for_vacancy(self, lease_lost: asyncio.Event) -> None:
+        """Standby: wait until the leader key is gone (or our own lease is lost), then campaign."""
+        current = await self.store.get(self.keys.leader())
+        if current is None:
+            return
+        watcher = asyncio.create_task(self._watch_until_deleted(self.keys.leader(), current.mod_revision + 1))
+        lost = asyncio.create_task(lease_lost.wait())
+        try:
+            await asyncio.wait({watcher, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (watcher, lost):
+                task.cancel()
+            await asyncio.gather(watcher, lost, return_exceptions=True)
+
+    async def _watch_until_deleted(self, key: str, start: int) -> None:
+        async for item in self.store.watch_prefix(key, start):
+            if isinstance(item, Resync):
+                if await self.store.get(key) is None:
+                    return
+            elif item.key == key and item.is_delete:
+                return
+
+    async def _lead(self, lease_lost: asyncio.Event) -> None:
+        self.is_leader.set()
+        self._queue = WorkQueue()
+        try:
+            async with asyncio.TaskGroup() as group:
+                start = await self._enqueue_all()
+                group.create_task(self._watch_jobs(start + 1), name="coordinator-watch")
+                group.create_task(self._watch_leader(start + 1), name="coordinator-fence")
+                group.create_task(self._worker(), name="coordinator-worker")
+                group.create_task(self._raise_when(lease_lost), name="coordinator-lease")
+        except* FenceLost as group_err:
+            raise group_err.exceptions[0] from None
+        finally:
+            self._queue.close()
+
+    async def _raise_when(self, lost: asyncio.Event) -> None:
+        await lost.wait()
+        raise FenceLost("the leader lease expired")
+
+    async def _watch_leader(self, start: int) -> None:
+        async for item in self.store.watch_prefix(self.keys.leader(), start):
+            if isinstance(item, Resync):
+                current = await self.store.get(self.keys.leader())
+                if current is None or current.value != self._leader_value:
+                    raise FenceLost("the leader key changed hands while the watch was down")
+            elif item.is_delete or item.value != self._leader_value:
+                raise FenceLost("the leader key was deleted or taken over")
+
+    async def _enqueue_all(self) -> int:
+        snap = await self.store.get_prefix(self.keys.jobs_prefix())
+        for kv in snap.kvs:
+            with contextlib.suppress(BadRecord):
+                self._queue.add(self.keys.parse(kv.key).job)
+        return snap.revision
+
+    async def _watch_jobs(self, start: int) -> None:
+        async for item in self.store.watch_prefix(self.keys.jobs_prefix(), start):
+            if isinstance(item, Resync):
+                await self._enqueue_all()
+                continue
+            try:
+                self._queue.add(self.keys.parse(item.key).job)
+            except BadRecord as err:
+                log.warning("ignoring a key outside the schema: %s", err)
+
+    async def _worker(self) -> None:
+        while True:
+            job = await self._queue.get()
+            try:
+                await self.reconcile(job)
+                self._queue.forget(job)
+            except FenceLost:
+                raise
+            except RecoverdError as err:
+                delay = self._queue.retry(job)
+                log.info("reconcile of %s: %s; retrying in %.2fs", job, err, delay)
+            except Exception:
+                delay = self._queue.retry(job)
+                log.exception("internal error reconciling %s; retrying in %.2fs", job, delay)
+            finally:
+                self._queue.done(job)
+
+    # ---------------------------------------------------------------- one pass
+    async def reconcile(self, job: str) -> None:
+        """Bring one job one step closer to its desired state; safe to run any number of times."""
+        view = await read_job(self.store, self.keys, job)
+        now = time.time()
+        if view.spec is None or view.run is None:
+            return
+        run = view.run
+        ops: list[Op] = []
+        ev: list[Put] = []
+
+        def note(reason: str, message: str, **kw: object) -> None:
+            ev.append(events.event_put(self.keys, run, SOURCE, reason, message, at=now, **kw))  # type: ignore[arg-type]
+
+        for key, raw, why in view.bad:
+            note(Reason.BAD_RECORD, why, data={"key": key, "value": raw[:512].decode(errors="replace")})
+            if key != self.keys.job_spec(job):
+                ops.append(Delete(key))
+        for uid in view.other_runs:
+            # Leftovers of an earlier run of this name: never read as ours, removed.
+            ops.append(DeletePrefix(self.keys.run_prefix(RunRef(job, uid))))
+
+        if view.status is not None and view.status.state in (pb.JOB_SUCCEEDED, pb.JOB_FAILED):
+            finished = ts_to_s(view.status.finished_at)
+            if now - finished >= self.settings.retention_s:
+                await self._commit(
+                    view, [DeletePrefix(self.keys.run_prefix(run)), DeletePrefix(self.keys.events_prefix(run))], []
+                )
+                log.info("removed finished run %s/%s after the retention period", job, run.uid)
+            else:
+                if ops or ev:
+                    await self._commit(view, ops, ev)
+                self._queue.add_after(job, finished + self.settings.retention_s - now)
+            return
+
+        rec = recovery_from_pb(view.recovery) if view.recovery is not None else Recovery()
+        uuid = view.recovery.uuid if view.recovery is not None else ""
+        before = rec
+        effects: list[Effect] = []
+
+        def apply(event: Event) -> None:
+            nonlocal rec
+            try:
+                rec, produced = step(rec, event, now, self.settings.timeouts)
+            except RecoverdError as err:
+                note(err.reason, err.detail, epoch=rec.epoch, phase=rec.phase.value)
+                return
+            effects.extend(produced)
+
+        live = frozenset(participant_of_node(n) for n in view.nodes)
+        world = view.spec.world_size
+        generations = {r.rank: r.generation for nr in view.ranks.values() for r in nr.ranks}
+
+        # 1. Faults: validated, then merged (the keys are consumed either way).
+        for key, fault in sorted(view.faults.items(), key=lambda item: ts_to_s(item[1].detected_at)):
+            ops.append(Delete(key))
+            if not 0 <= fault.rank < world:
+                err = UnknownRank(f"fault {fault.fault_id} names rank {fault.rank}; the job has ranks 0..{world - 1}")
+                note(err.reason, err.detail, node=fault.node)
+                continue
+            if fault.generation < generations.get(fault.rank, 0):
+                note(
+                    Reason.STALE_EPOCH,
+                    f"fault {fault.fault_id} is for generation {fault.generation} of rank {fault.rank},"
+                    f" which already runs generation {generations[fault.rank]}",
+                    rank=fault.rank,
+                )
+                continue
+            apply(FaultReported(fault_from_pb(fault), live))
+
+        # 2. Who is still there.
+        if rec.is_active and live != rec.participants:
+            apply(ParticipantsChanged(live))
+
+        # 3. Answers to the current phase; anything for another epoch is stale.
+        expected = {
+            Phase.STOPPING: pb.REPORT_STOP_COMPLETE,
+            Phase.GLOBAL_FAULT: pb.REPORT_STRATEGIES,
+            Phase.RECOVERING: pb.REPORT_RECOVER_STATUS,
+        }
+        for key, report in sorted(view.reports.items()):
+            if report.epoch != rec.epoch:
+                note(
+                    Reason.STALE_EPOCH,
+                    f"report {pb.ReportKind.Name(report.kind)} from {report.participant} for epoch {report.epoch};"
+                    f" current epoch is {rec.epoch}",
+                    epoch=report.epoch,
+                )
+                ops.append(Delete(key))
+                continue
+            if expected.get(rec.phase) != report.kind:
+                continue
+            if report.kind == pb.REPORT_STOP_COMPLETE:
+                apply(StopCompleted(report.epoch, report.participant, report.code))
+            elif report.kind == pb.REPORT_STRATEGIES:
+                apply(StrategiesReported(report.epoch, report.participant, tuple(report.strategies)))
+            else:
+                apply(
+                    RecoverStatusReported(
+                        report.epoch, report.participant, report.code, report.strategy, report.message
+                    )
+                )
+
+        # 4. The selector's decision.
+        if rec.phase is Phase.DECIDING and rec.epoch in view.decisions:
+            decision = view.decisions[rec.epoch]
+            nodes = tuple(sorted(set(view.ranks) | set(view.nodes)))
+            apply(DecisionMade(rec.epoch, decision.strategy, tuple(decision.reasons), decision.give_up, nodes))
+
+        # 5. Time.
+        if rec.deadline_at is not None and now >= rec.deadline_at:
+            apply(DeadlinePassed(rec.epoch))
+
+        # 6. The end of the job: every rank of every node exited 0 and nothing is being recovered.
+        if rec.phase is Phase.DONE and not view.faults and self._all_succeeded(view):
+            effects.append(FinishJob(succeeded=True, reason="every rank exited 0"))
+            effects.append(EmitEvent("job_succeeded", f"all {world} ranks exited 0"))
+
+        if rec != before and rec.epoch != before.epoch:
+            uuid = f"{time.time_ns():X}-{secrets.token_hex(8)}"
+            # Answers to an older epoch are consumed now, so a late one is recognisably stale.
+            ops.append(DeletePrefix(self.keys.reports_prefix(run)))
+        if rec != before:
+            ops.append(Put(self.keys.recovery(run), encode(recovery_to_pb(rec, uuid))))
+            if rec.phase is not before.phase:
+                note("phase", f"{before.phase} -> {rec.phase}", epoch=rec.epoch, phase=rec.phase.value)
+        ops.extend(self._apply_effects(view, run, rec, uuid, effects, now, note))
+        if ops or ev:
+            await self._commit(view, ops, ev)
+        if rec.deadline_at is not None:
+            self._queue.add_after(job, rec.deadline_at - now)
+        if rec.phase in (Phase.DONE, Phase.FAILED) and before.phase is not rec.phase:
+            await events.prune(self.store, self.keys, run, self.settings.event_cap)
+
+    def _all_succeeded(self, view: JobView) -> bool:
+        assert view.spec is not None
+        states = {r.rank: r.state for nr in view.ranks.values() for r in nr.ranks}
+        return len(states) == view.spec.world_size and all(s == pb.RANK_SUCCEEDED for s in states.values())
+
+    def _apply_effects(
+        self,
+        view: JobView,
+        run: RunRef,
+        rec: Recovery,
+        uuid: str,
+        effects: Iterable[Effect],
+        now: float,
+        note,  # type: ignore[no-untyped-def]
+    ) -> list[Op]:
+        ops: list[Op] = []
+        signal_seq = len(view.signals) and int(view.signals[-1].rsplit("/", 1)[1])
+        history = pb.History()
+        if view.history is not None:
+            history.CopyFrom(view.history)
+        history_changed = False
+        for effect in effects:
+            if isinstance(effect, EmitEvent):
+                note(effect.reason, effect.message, epoch=rec.epoch, phase=rec.phase.value)
+            elif isinstance(effect, PublishSignal):
+                signal_seq += 1
+                signal = pb.Signal(
+                    seq=signal_seq,
+                    epoch=rec.epoch,
+                    uuid=uuid,
+                    signal_type=effect.signal_type,
+                    actions=list(effect.actions),
+                    fault_ranks=[pb.FaultRankWire(rank_id=str(r), fault_type=t) for r, t in effect.fault_ranks],
+                    change_strategy=effect.change_strategy,
+                    extra_params=effect.extra_params,
+                    sent_at=ts_from_s(now),
+                )
+                ops.append(Put(self.keys.signal(run, signal_seq), encode(signal)))
+            elif isinstance(effect, SendCommand):
+                command = pb.Command(
+                    epoch=rec.epoch,
+                    seq=effect.seq,
+                    action=pb.CommandAction.Value(f"ACTION_{effect.action}"),
+                    ranks=list(effect.ranks),
+                    strategy=effect.strategy,
+                    issued_at=ts_from_s(now),
+                )
+                ops.append(Put(self.keys.command(run, effect.node), encode(command)))
+                note(
+                    "command_sent",
+                    f"{effect.action} {list(effect.ranks) or 'all'} to {effect.node}"
+                    f" (epoch {rec.epoch}, seq {effect.seq})",
+                    epoch=rec.epoch,
+                    node=effect.node,
+                )
+            elif isinstance(effect, RecordOutcome):
+                history.outcomes.append(
+                    pb.RecoveryOutcome(
+                        epoch=rec.epoch,
+                        strategy=effect.strategy,
+                        ranks=list(effect.ranks),
+                        opened_at=ts_from_s(rec.opened_at),
+                        closed_at=ts_from_s(now),
+                        ok=effect.ok,
+                    )
+                )
+                history_changed = True
+            elif isinstance(effect, FinishJob):
+                status = pb.JobStatus(
+                    uid=run.uid,
+                    state=pb.JOB_SUCCEEDED if effect.succeeded else pb.JOB_FAILED,
+                    reason=effect.reason,
+                    finished_at=ts_from_s(now),
+                )
+                ops.append(Put(self.keys.status(run), encode(status)))
+        if history_changed:
+            del history.outcomes[: max(0, len(history.outcomes) - self.settings.history_cap)]
+            ops.append(Put(self.keys.history(run), encode(history)))
+        excess = len(view.signals) - self.settings.signal_cap
+        for key in view.signals[: max(0, excess)]:
+            ops.append(Delete(key))
+        return ops
+
+    async def _commit(self, view: JobView, ops: list[Op], ev: list[Put]) -> None:
+        """Apply one pass's writes atomically, fenced by leadership and the read revision."""
+        assert view.spec is not None
+        fence = [
+            ValueIs(self.keys.leader(), self._leader_value),
+            ModRevisionAtMost(self.keys.job_prefix(view.spec.name), view.revision, is_prefix=True),
+        ]
+        prefixes = [op.prefix for op in ops if isinstance(op, DeletePrefix)]
+        # etcd refuses a transaction that touches one key twice: drop deletes a prefix delete covers.
+        ops = [op for op in ops if not (isinstance(op, Delete) and any(op.key.startswith(p) for p in prefixes))]
+        result = await self.store.txn(fence, [*ops, *ev])
+        if result.succeeded:
+            return
+        current = await self.store.get(self.keys.leader())
+        if current is None or current.value != self._leader_value:
+            raise FenceLost("a write was rejected: this coordinator no longer holds the leader key")
+        # The job changed under us: drop this pass and run it again on a fresh read.
+        self._queue.add(view.spec.name)

@@ -1,0 +1,572 @@
+"""The recovery state machine: pure, no I/O, no clock.
+
+One job has at most one recovery in progress. :func:`step` is the only way a recovery changes:
+``step(rec, event, now, timeouts) -> (new_rec, effects)``. The shell (``reconciler.py``) reads etcd,
+turns what it sees into events, folds them through :func:`step`, and commits the new record and the
+effects as one fenced etcd transaction. Time is an input (``now``, wall-clock seconds, because
+deadlines are stored in etcd for a standby on another host to read); a passed deadline is the event
+:class:`DeadlinePassed`.
+
+The walk follows MindCluster's ClusterD order (reference/mindcluster-contract.md section 7)::
+
+    DONE --fault--> COLLECTING --window--> STOPPING --all stop-complete--> GLOBAL_FAULT
+      --all strategies--> DECIDING --decision--> RECOVERING --all recover status ok--> DONE
+
+A fault that arrives in any active phase is merged into the recovery: in COLLECTING it is simply
+added (upstream's fault flush); later it starts a new round (new epoch) at STOPPING with every fault
+so far. A failed strategy (non-zero recover status or a passed deadline) goes back to DECIDING with
+that strategy recorded as failed, so the selector falls back level by level; when `exit` itself
+fails, or the selector gives up, the job FAILS (killMaster semantics).
+
+``TRANSITIONS`` is the whole table: (phase, event type) -> the phase entered when the event's guard
+holds. Pairs not in the table raise :class:`IllegalTransition` (the shell records it and carries on;
+unlike upstream, the episode is never reset). Rules kept in code rather than in the table, each a
+named function below: ``_all_reported`` (a waiting phase ends only when every participant answered),
+``_open`` (a fault in DONE opens a new recovery), ``_merge_fault`` (a fault after COLLECTING starts
+a new round), ``_strategy_failed`` (failure falls back, or fails the job after `exit`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from recoverd.errors import IllegalTransition, StaleEpoch
+
+__all__ = [
+    "CHEAPER_THAN_EXIT",
+    "TRANSITIONS",
+    "DeadlinePassed",
+    "DecisionMade",
+    "Effect",
+    "EmitEvent",
+    "Event",
+    "FaultInfo",
+    "FaultReported",
+    "FinishJob",
+    "ParticipantsChanged",
+    "Phase",
+    "PublishSignal",
+    "RecordOutcome",
+    "RecoverStatusReported",
+    "Recovery",
+    "SendCommand",
+    "StopCompleted",
+    "StrategiesReported",
+    "Timeouts",
+    "step",
+    "wire_strategy",
+]
+
+
+class Phase(StrEnum):
+    """Where a job's recovery stands. Stored by name in the recovery record."""
+
+    COLLECTING = "COLLECTING"
+    """A fault opened the recovery; further faults are collected for ``fault_window_s``
+    (upstream's fault flush) so near-simultaneous faults become one recovery. Exit: the window's
+    deadline -> STOPPING."""
+
+    STOPPING = "STOPPING"
+    """stopTrain was sent; waiting for every participant's stop-complete. Deadline: ``stop_s``;
+    on expiry (or a non-zero stop code) only `exit` remains."""
+
+    GLOBAL_FAULT = "GLOBAL_FAULT"
+    """globalFault was sent with the fault ranks; waiting for every participant's supported
+    strategies. Deadline: ``strategies_s``; on expiry only `exit` remains."""
+
+    DECIDING = "DECIDING"
+    """Waiting for the strategy selector's decision for this epoch. Deadline: ``decide_s``; on
+    expiry the coordinator applies `exit`, which is always safe, and says so."""
+
+    RECOVERING = "RECOVERING"
+    """changeStrategy and the agents' commands were sent; waiting for every participant's recover
+    status. Deadline: ``recover_s``; on expiry the strategy has failed."""
+
+    DONE = "DONE"
+    """No recovery in progress (none yet, or the last one succeeded). A fault opens a new one."""
+
+    FAILED = "FAILED"
+    """No strategy is left (or `exit` failed): the job is failed, killMaster was sent. Terminal."""
+
+
+#: Strategies cheaper than `exit`, in MindCluster's priority order. A phase that cannot complete
+#: (a stop or strategies deadline) rules them all out, leaving `exit`.
+CHEAPER_THAN_EXIT = ("retry", "recover-in-place", "recover", "elastic-training", "dump")
+
+ACTIVE_PHASES = frozenset({Phase.COLLECTING, Phase.STOPPING, Phase.GLOBAL_FAULT, Phase.DECIDING, Phase.RECOVERING})
+WAITING_PHASES = frozenset({Phase.STOPPING, Phase.GLOBAL_FAULT, Phase.RECOVERING})
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """Every wait of the state machine, in seconds. Defaults are far below MindCluster's 15 minutes."""
+
+    fault_window_s: float = 0.2
+    stop_s: float = 10.0
+    strategies_s: float = 10.0
+    decide_s: float = 30.0
+    recover_s: float = 60.0
+
+    def for_phase(self, phase: Phase) -> float | None:
+        return {
+            Phase.COLLECTING: self.fault_window_s,
+            Phase.STOPPING: self.stop_s,
+            Phase.GLOBAL_FAULT: self.strategies_s,
+            Phase.DECIDING: self.decide_s,
+            Phase.RECOVERING: self.recover_s,
+        }.get(phase)
+
+
+@dataclass(frozen=True, slots=True)
+class FaultInfo:
+    """One fault merged into a recovery."""
+
+    fault_id: str
+    rank: int
+    node: str
+    fault_type: str = "1"
+    source: str = "agent"
+    exit_code: int = 0
+    signal: int = 0
+    generation: int = 0
+    detected_at: float = 0.0
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """A job's recovery record (in-process form of ``recoverd.v1.Recovery``).
+
+    ``epoch`` numbers rounds: it grows when a recovery opens, when a late fault restarts the round,
+    and when a failed strategy goes back to DECIDING. Every report and decision names the epoch it
+    answers; anything older is stale. ``reported`` holds the participants that answered the current
+    waiting phase; ``supported`` is what every participant said it can do (GLOBAL_FAULT's answers).
+    """
+
+    phase: Phase = Phase.DONE
+    epoch: int = 0
+    recovery_id: int = 0
+    opened_at: float = 0.0
+    deadline_at: float | None = None
+    faults: tuple[FaultInfo, ...] = ()
+    participants: frozenset[str] = frozenset()
+    reported: frozenset[str] = frozenset()
+    supported: frozenset[str] | None = None
+    strategy: str = ""
+    decision_reasons: tuple[str, ...] = ()
+    failed_strategies: tuple[tuple[str, str], ...] = ()
+    command_seq: int = 0
+    outcome: str = ""
+    phase_log: tuple[tuple[Phase, float, int], ...] = field(default=())
+
+    @property
+    def fault_ranks(self) -> tuple[int, ...]:
+        return tuple(sorted({f.rank for f in self.faults}))
+
+    @property
+    def is_active(self) -> bool:
+        return self.phase in ACTIVE_PHASES
+
+
+# ---------------------------------------------------------------------- events (past-tense facts)
+
+
+@dataclass(frozen=True, slots=True)
+class FaultReported:
+    """A detector recorded a fault (agent: a rank exited; client: report_process_fault)."""
+
+    fault: FaultInfo
+    participants: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlinePassed:
+    """The current phase's ``deadline_at`` is behind ``now``."""
+
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class StopCompleted:
+    epoch: int
+    participant: str
+    code: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StrategiesReported:
+    epoch: int
+    participant: str
+    strategies: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionMade:
+    """The selector answered for this epoch. ``nodes`` are the job's nodes, for `exit`'s commands."""
+
+    epoch: int
+    strategy: str
+    reasons: tuple[str, ...] = ()
+    give_up: bool = False
+    nodes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RecoverStatusReported:
+    epoch: int
+    participant: str
+    code: int
+    strategy: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ParticipantsChanged:
+    """The set of live participants changed (an agent's or client's lease expired, or one joined)."""
+
+    participants: frozenset[str]
+
+
+Event = (
+    FaultReported
+    | DeadlinePassed
+    | StopCompleted
+    | StrategiesReported
+    | DecisionMade
+    | RecoverStatusReported
+    | ParticipantsChanged
+)
+
+# ---------------------------------------------------------------------- effects (imperatives)
+
+
+@dataclass(frozen=True, slots=True)
+class PublishSignal:
+    """Send a process-management signal in MindCluster's wire form to the job's participants."""
+
+    signal_type: str
+    actions: tuple[str, ...]
+    fault_ranks: tuple[tuple[int, str], ...] = ()
+    change_strategy: str = ""
+    extra_params: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SendCommand:
+    """Tell one node agent what to do to its processes; (epoch, seq) makes it idempotent."""
+
+    node: str
+    action: str  # "RESTART_RANKS" | "RESTART_ALL"
+    ranks: tuple[int, ...]
+    seq: int
+    strategy: str
+
+
+@dataclass(frozen=True, slots=True)
+class RecordOutcome:
+    """Append the finished recovery to the job's history (restart budgets read it)."""
+
+    strategy: str
+    ranks: tuple[int, ...]
+    ok: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FinishJob:
+    """Write the job's final status."""
+
+    succeeded: bool
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class EmitEvent:
+    reason: str
+    message: str
+
+
+Effect = PublishSignal | SendCommand | RecordOutcome | FinishJob | EmitEvent
+
+# ---------------------------------------------------------------------- the table
+
+TRANSITIONS: dict[tuple[Phase, type], Phase] = {
+    (Phase.DONE, FaultReported): Phase.COLLECTING,
+    (Phase.DONE, ParticipantsChanged): Phase.DONE,
+    (Phase.COLLECTING, FaultReported): Phase.COLLECTING,
+    (Phase.COLLECTING, DeadlinePassed): Phase.STOPPING,
+    (Phase.COLLECTING, ParticipantsChanged): Phase.COLLECTING,
+    (Phase.STOPPING, FaultReported): Phase.STOPPING,
+    (Phase.STOPPING, StopCompleted): Phase.GLOBAL_FAULT,
+    (Phase.STOPPING, ParticipantsChanged): Phase.GLOBAL_FAULT,
+    (Phase.STOPPING, DeadlinePassed): Phase.DECIDING,
+    (Phase.GLOBAL_FAULT, FaultReported): Phase.STOPPING,
+    (Phase.GLOBAL_FAULT, StrategiesReported): Phase.DECIDING,
+    (Phase.GLOBAL_FAULT, ParticipantsChanged): Phase.DECIDING,
+    (Phase.GLOBAL_FAULT, DeadlinePassed): Phase.DECIDING,
+    (Phase.DECIDING, FaultReported): Phase.STOPPING,
+    (Phase.DECIDING, DecisionMade): Phase.RECOVERING,
+    (Phase.DECIDING, ParticipantsChanged): Phase.DECIDING,
+    (Phase.DECIDING, DeadlinePassed): Phase.RECOVERING,
+    (Phase.RECOVERING, FaultReported): Phase.STOPPING,
+    (Phase.RECOVERING, RecoverStatusReported): Phase.DONE,
+    (Phase.RECOVERING, ParticipantsChanged): Phase.DONE,
+    (Phase.RECOVERING, DeadlinePassed): Phase.DECIDING,
+}
+"""(phase, event type) -> the phase entered when the event's guard holds. Guards in code:
+``_all_reported`` for the waiting phases, ``_strategy_failed`` for failures (-> DECIDING or FAILED),
+a give-up decision (-> FAILED), ``_merge_fault`` for duplicates (no change)."""
+
+
+def wire_strategy(strategy: str) -> tuple[str, str, tuple[str, ...]]:
+    """MindCluster's wire form of a strategy: (changeStrategy, extraParams, extra actions)."""
+    if strategy == "recover-in-place":
+        return "recover", "recover-in-place", ("fault_nodes_restart",)
+    if strategy == "elastic-training":
+        return "downgrade", '{"scale-in-strategy": "DP"}', ()
+    return strategy, "", ()
+
+
+# ---------------------------------------------------------------------- step
+
+
+def step(rec: Recovery, event: Event, now: float, timeouts: Timeouts | None = None) -> tuple[Recovery, list[Effect]]:
+    """Apply one event to a recovery; return the new record and the effects to commit with it.
+
+    Pure and deterministic. Raises :class:`IllegalTransition` for a (phase, event) pair outside the
+    table and :class:`StaleEpoch` for a report or decision naming another epoch; in both cases the
+    caller keeps ``rec`` unchanged. An event that changes nothing returns ``rec`` itself and no
+    effects, so replaying an event is harmless.
+    """
+    timeouts = timeouts or Timeouts()
+    key = (rec.phase, type(event))
+    if key not in TRANSITIONS:
+        raise IllegalTransition(f"{type(event).__name__} has no rule in phase {rec.phase} (epoch {rec.epoch})")
+    epoch = getattr(event, "epoch", None)
+    if epoch is not None and epoch != rec.epoch:
+        raise StaleEpoch(f"{type(event).__name__} for epoch {epoch}, current epoch is {rec.epoch}")
+
+    if isinstance(event, FaultReported):
+        if rec.phase is Phase.DONE:
+            return _open(rec, event, now, timeouts)
+        return _merge_fault(rec, event, now, timeouts)
+    if isinstance(event, ParticipantsChanged):
+        return _participants_changed(rec, event, now, timeouts)
+    if isinstance(event, DeadlinePassed):
+        return _deadline_passed(rec, now, timeouts)
+    if isinstance(event, StopCompleted):
+        if event.code != 0:
+            return _rule_out_cheap(rec, now, timeouts, f"{event.participant} could not stop (code {event.code})")
+        return _report(rec, event.participant, now, timeouts)
+    if isinstance(event, StrategiesReported):
+        if event.participant not in rec.participants or event.participant in rec.reported:
+            return rec, []
+        offered = frozenset(event.strategies)
+        supported = offered if rec.supported is None else rec.supported & offered
+        return _report(dataclasses.replace(rec, supported=supported), event.participant, now, timeouts)
+    if isinstance(event, DecisionMade):
+        return _decided(rec, event, now, timeouts)
+    if isinstance(event, RecoverStatusReported):
+        if event.code != 0:
+            return _strategy_failed(
+                rec, now, timeouts, f"{event.participant} reported code {event.code}: {event.message}".rstrip(": ")
+            )
+        return _report(rec, event.participant, now, timeouts)
+    raise IllegalTransition(f"unknown event {event!r}")  # pragma: no cover - the table check covers it
+
+
+def _enter(rec: Recovery, phase: Phase, now: float, timeouts: Timeouts, **changes: object) -> Recovery:
+    """Move to ``phase``: reset the answers, arm its deadline, log the entry."""
+    limit = timeouts.for_phase(phase)
+    new = dataclasses.replace(
+        rec,
+        phase=phase,
+        reported=frozenset(),
+        deadline_at=(now + limit) if limit is not None else None,
+        **changes,  # type: ignore[arg-type]
+    )
+    epoch = new.epoch
+    return dataclasses.replace(new, phase_log=(*rec.phase_log, (phase, now, epoch)))
+
+
+def _fault_wire(rec: Recovery) -> tuple[tuple[int, str], ...]:
+    by_rank: dict[int, str] = {}
+    for fault in rec.faults:
+        # A non-retryable fault ("1") outweighs retryable ones on the same rank.
+        if by_rank.get(fault.rank) != "1":
+            by_rank[fault.rank] = fault.fault_type
+    return tuple(sorted(by_rank.items()))
+
+
+def _open(rec: Recovery, event: FaultReported, now: float, timeouts: Timeouts) -> tuple[Recovery, list[Effect]]:
+    """A fault with no recovery in progress opens one (new recovery id, new epoch)."""
+    new = Recovery(
+        epoch=rec.epoch + 1,
+        recovery_id=rec.recovery_id + 1,
+        opened_at=now,
+        faults=(event.fault,),
+        participants=event.participants or rec.participants,
+        command_seq=rec.command_seq,
+    )
+    new = _enter(new, Phase.COLLECTING, now, timeouts)
+    f = event.fault
+    return new, [
+        EmitEvent(
+            "recovery_opened",
+            f"recovery {new.recovery_id} opened (epoch {new.epoch}) by a fault of rank {f.rank} on {f.node}"
+            f" ({f.source}{', ' + f.detail if f.detail else ''})",
+        )
+    ]
+
+
+def _merge_fault(rec: Recovery, event: FaultReported, now: float, timeouts: Timeouts) -> tuple[Recovery, list[Effect]]:
+    """Merge a fault into the recovery in progress; after COLLECTING it restarts the round."""
+    if any(f.fault_id == event.fault.fault_id for f in rec.faults):
+        return rec, []
+    faults = (*rec.faults, event.fault)
+    message = f"fault of rank {event.fault.rank} on {event.fault.node} merged into recovery {rec.recovery_id}"
+    if rec.phase is Phase.COLLECTING:
+        return dataclasses.replace(rec, faults=faults), [EmitEvent("fault_merged", message)]
+    new = _enter(
+        dataclasses.replace(rec, faults=faults, epoch=rec.epoch + 1, supported=None, strategy=""),
+        Phase.STOPPING,
+        now,
+        timeouts,
+    )
+    return new, [
+        EmitEvent("fault_merged", f"{message}; restarting the round at epoch {new.epoch}"),
+        PublishSignal("stopTrain", ("stop_train",), _fault_wire(new)),
+    ]
+
+
+def _all_reported(rec: Recovery) -> bool:
+    """Guard of the waiting phases: every current participant has answered."""
+    return rec.participants <= rec.reported
+
+
+def _report(rec: Recovery, participant: str, now: float, timeouts: Timeouts) -> tuple[Recovery, list[Effect]]:
+    if participant not in rec.participants or participant in rec.reported:
+        return rec, []
+    new = dataclasses.replace(rec, reported=rec.reported | {participant})
+    if not _all_reported(new):
+        return new, []
+    return _advance(new, now, timeouts)
+
+
+def _advance(rec: Recovery, now: float, timeouts: Timeouts) -> tuple[Recovery, list[Effect]]:
+    """Every participant answered the current waiting phase: enter the next one."""
+    if rec.phase is Phase.STOPPING:
+        new = _enter(rec, Phase.GLOBAL_FAULT, now, timeouts)
+        return new, [PublishSignal("globalFault", ("on_global_rank",), _fault_wire(new))]
+    if rec.phase is Phase.GLOBAL_FAULT:
+        return _enter(rec, Phase.DECIDING, now, timeouts), []
+    if rec.phase is Phase.RECOVERING:
+        new = _enter(rec, Phase.DONE, now, timeouts, outcome="succeeded")
+        return new, [
+            RecordOutcome(rec.strategy, rec.fault_ranks, ok=True),
+            EmitEvent(
+                "recovery_done",
+                f"recovery {rec.recovery_id} done: {rec.strategy} of ranks {list(rec.fault_ranks)}"
+                f" in {now - rec.opened_at:.3f}s",
+            ),
+        ]
+    return rec, []
+
+
+def _participants_changed(
+    rec: Recovery, event: ParticipantsChanged, now: float, timeouts: Timeouts
+) -> tuple[Recovery, list[Effect]]:
+    if event.participants == rec.participants:
+        return rec, []
+    new = dataclasses.replace(rec, participants=event.participants, reported=rec.reported & event.participants)
+    if rec.phase in WAITING_PHASES and _all_reported(new):
+        return _advance(new, now, timeouts)
+    return new, []
+
+
+def _deadline_passed(rec: Recovery, now: float, timeouts: Timeouts) -> tuple[Recovery, list[Effect]]:
+    if rec.deadline_at is None or now < rec.deadline_at:
+        return rec, []
+    if rec.phase is Phase.COLLECTING:
+        new = _enter(rec, Phase.STOPPING, now, timeouts)
+        return new, [PublishSignal("stopTrain", ("stop_train",), _fault_wire(new))]
+    if rec.phase in (Phase.STOPPING, Phase.GLOBAL_FAULT):
+        missing = sorted(rec.participants - rec.reported)
+        return _rule_out_cheap(rec, now, timeouts, f"{rec.phase} deadline passed waiting for {missing}")
+    if rec.phase is Phase.DECIDING:
+        decision = DecisionMade(
+            rec.epoch,
+            "exit",
+            (f"no decision within {timeouts.decide_s}s: the coordinator applies exit, which is always safe",),
+        )
+        return _decided(rec, decision, now, timeouts)
+    missing = sorted(rec.participants - rec.reported)
+    return _strategy_failed(rec, now, timeouts, f"{rec.strategy} not confirmed in time by {missing}")
+
+
+def _rule_out_cheap(rec: Recovery, now: float, timeouts: Timeouts, why: str) -> tuple[Recovery, list[Effect]]:
+    """A phase that cannot complete leaves only `exit`: mark every cheaper strategy failed."""
+    known = {name for name, _ in rec.failed_strategies}
+    failed = rec.failed_strategies + tuple((s, why) for s in CHEAPER_THAN_EXIT if s not in known)
+    new = _enter(rec, Phase.DECIDING, now, timeouts, epoch=rec.epoch + 1, failed_strategies=failed)
+    return new, [EmitEvent("escalated", f"{why}; only exit remains (epoch {new.epoch})")]
+
+
+def _strategy_failed(rec: Recovery, now: float, timeouts: Timeouts, why: str) -> tuple[Recovery, list[Effect]]:
+    """The strategy in progress failed: fall back to the selector, or fail the job after `exit`."""
+    if rec.strategy == "exit":
+        return _fail_job(rec, now, timeouts, f"exit failed: {why}")
+    failed = (*rec.failed_strategies, (rec.strategy, why))
+    new = _enter(rec, Phase.DECIDING, now, timeouts, epoch=rec.epoch + 1, failed_strategies=failed)
+    return new, [
+        RecordOutcome(rec.strategy, rec.fault_ranks, ok=False),
+        EmitEvent("strategy_failed", f"{rec.strategy} failed: {why}; deciding again (epoch {new.epoch})"),
+    ]
+
+
+def _fail_job(rec: Recovery, now: float, timeouts: Timeouts, why: str) -> tuple[Recovery, list[Effect]]:
+    new = _enter(rec, Phase.FAILED, now, timeouts, outcome=f"failed: {why}")
+    return new, [
+        RecordOutcome(rec.strategy or "none", rec.fault_ranks, ok=False),
+        PublishSignal("killMaster", ()),
+        FinishJob(succeeded=False, reason=why),
+        EmitEvent("job_failed", why),
+    ]
+
+
+def _decided(rec: Recovery, event: DecisionMade, now: float, timeouts: Timeouts) -> tuple[Recovery, list[Effect]]:
+    reasons = "; ".join(event.reasons)
+    if event.give_up or not event.strategy:
+        return _fail_job(
+            dataclasses.replace(rec, decision_reasons=event.reasons), now, timeouts, reasons or "no strategy left"
+        )
+    seq = rec.command_seq
+    commands: list[Effect] = []
+    if event.strategy == "exit":
+        nodes = sorted(set(event.nodes) | {f.node for f in rec.faults})
+        for node in nodes:
+            seq += 1
+            commands.append(SendCommand(node, "RESTART_ALL", (), seq, event.strategy))
+    else:
+        by_node: dict[str, set[int]] = {}
+        for fault in rec.faults:
+            by_node.setdefault(fault.node, set()).add(fault.rank)
+        for node in sorted(by_node):
+            seq += 1
+            commands.append(SendCommand(node, "RESTART_RANKS", tuple(sorted(by_node[node])), seq, event.strategy))
+    change, extra, actions = wire_strategy(event.strategy)
+    new = _enter(
+        rec,
+        Phase.RECOVERING,
+        now,
+        timeouts,
+        strategy=event.strategy,
+        decision_reasons=event.reasons,
+        command_seq=seq,
+    )
+    return new, [
+        EmitEvent("strategy_decided", f"{event.strategy} for ranks {list(rec.fault_ranks)}: {reasons}"),
+        PublishSignal("changeStrategy", ("change_strategy", *actions), _fault_wire(new), change, extra),
+        *commands,
+    ]

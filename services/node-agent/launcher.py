@@ -1,0 +1,219 @@
+"""Starting, watching, stopping and reaping rank processes: the mechanism, no policy.
+
+* Each rank runs an argv list (never a shell string) in its **own session and process group**
+  (``start_new_session=True``): a kill reaches the whole tree, and the rank does not die with the
+  agent (no parent-death signal), so losing the agent never costs training time.
+* The agent learns of an exit **when the kernel says so**: a pidfd (``os.pidfd_open``) registered
+  with the event loop becomes readable when the process exits. No polling loop.
+* On exit, what is left of the rank's process group is SIGKILLed *before* the leader is reaped
+  (while its zombie still reserves the group id, so the id cannot have been reused), then the leader
+  is reaped with ``waitid(P_PIDFD)``: nothing is left behind as a zombie or an orphan.
+* :meth:`Launcher.stop` sends SIGTERM to the group, waits ``grace_s`` on one deadline, then SIGKILL.
+* Output goes to one log file per rank, opened for append with a header line per attempt; the tail
+  of that file is what a fault record carries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import psutil
+from recoverd.errors import LaunchFailed
+
+__all__ = ["ExitInfo", "Launcher", "RankLaunch", "RankProcess", "read_tail"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RankLaunch:
+    """How to start one incarnation of a rank (desired state)."""
+
+    rank: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str | None = None
+    log_path: str | None = None
+    header: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ExitInfo:
+    """How a process ended: ``exit_code`` for a normal exit, ``signal`` when a signal killed it."""
+
+    pid: int
+    exit_code: int | None
+    signal: int | None
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    def describe(self) -> str:
+        if self.signal is not None:
+            try:
+                name = signal.Signals(self.signal).name
+            except ValueError:
+                name = str(self.signal)
+            return f"killed by {name}"
+        return f"exit code {self.exit_code}"
+
+
+@dataclass(slots=True, eq=False)
+class RankProcess:
+    """One running incarnation of a rank (observed state)."""
+
+    rank: int
+    pid: int
+    pgid: int
+    started_at: float
+    log_path: str | None
+    exited: asyncio.Future[ExitInfo] = field(repr=False)
+    _pidfd: int = field(default=-1, repr=False)
+    _popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def is_running(self) -> bool:
+        return not self.exited.done()
+
+
+def read_tail(path: str | None, limit: int = 2048) -> str:
+    """The last ``limit`` bytes of a log file (decoded leniently); "" when there is none."""
+    if not path:
+        return ""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - limit))
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+class Launcher:
+    """Owns the rank processes of one agent. ``on_exit(proc, info)`` is called once per exit."""
+
+    def __init__(
+        self,
+        on_exit: Callable[[RankProcess, ExitInfo], None],
+        protected_pids: Callable[[], set[int]] = set,
+    ) -> None:
+        self._on_exit = on_exit
+        self._protected_pids = protected_pids
+        self._procs: set[RankProcess] = set()
+        self._loop = asyncio.get_running_loop()
+
+    @property
+    def processes(self) -> frozenset[RankProcess]:
+        return frozenset(self._procs)
+
+    def owns(self, pid: int) -> bool:
+        return any(p.pid == pid for p in self._procs)
+
+    def start(self, launch: RankLaunch) -> RankProcess:
+        """Start one incarnation; raise LaunchFailed (with the OS error) if it cannot be started."""
+        log_file = None
+        try:
+            if launch.log_path:
+                os.makedirs(os.path.dirname(launch.log_path) or ".", exist_ok=True)
+                log_file = open(launch.log_path, "ab", buffering=0)
+                if launch.header:
+                    log_file.write(f"==== {launch.header} ====\n".encode())
+            popen = subprocess.Popen(
+                list(launch.argv),
+                env=dict(launch.env),
+                cwd=launch.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT if log_file is not None else None,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as err:
+            raise LaunchFailed(f"rank {launch.rank}: cannot start {launch.argv[0]!r}: {err}") from err
+        finally:
+            if log_file is not None:
+                log_file.close()
+        pidfd = os.pidfd_open(popen.pid)
+        proc = RankProcess(
+            rank=launch.rank,
+            pid=popen.pid,
+            pgid=popen.pid,
+            started_at=time.time(),
+            log_path=launch.log_path,
+            exited=self._loop.create_future(),
+            _pidfd=pidfd,
+            _popen=popen,
+        )
+        self._procs.add(proc)
+        self._loop.add_reader(pidfd, self._reap, proc)
+        return proc
+
+    def _reap(self, proc: RankProcess) -> None:
+        """The pidfd is readable: the leader exited. Kill the rest of its group, then reap it."""
+        self._loop.remove_reader(proc._pidfd)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pgid, signal.SIGKILL)
+        try:
+            result = os.waitid(os.P_PIDFD, proc._pidfd, os.WEXITED)
+        except ChildProcessError:
+            result = None
+        os.close(proc._pidfd)
+        proc._pidfd = -1
+        if result is None:
+            info = ExitInfo(proc.pid, None, None)
+        elif result.si_code == os.CLD_EXITED:
+            info = ExitInfo(proc.pid, result.si_status, None)
+        else:
+            info = ExitInfo(proc.pid, None, result.si_status)
+        if proc._popen is not None:
+            # Tell Popen the child is reaped, so it never waits on (or warns about) a recycled pid.
+            proc._popen.returncode = info.exit_code if info.exit_code is not None else -(info.signal or 0)
+        self._procs.discard(proc)
+        if not proc.exited.done():
+            proc.exited.set_result(info)
+        self._on_exit(proc, info)
+
+    async def stop(self, proc: RankProcess, grace_s: float) -> ExitInfo:
+        """SIGTERM the rank's group, SIGKILL it after ``grace_s``; return how it ended. Idempotent."""
+        if proc.is_running:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pgid, signal.SIGTERM)
+            try:
+                return await asyncio.wait_for(asyncio.shield(proc.exited), timeout=grace_s)
+            except TimeoutError:
+                log.warning("rank %d (pid %d) ignored SIGTERM for %.1fs; sending SIGKILL", proc.rank, proc.pid, grace_s)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pgid, signal.SIGKILL)
+        return await proc.exited
+
+    async def stop_all(self, grace_s: float) -> None:
+        await asyncio.gather(*(self.stop(p, grace_s) for p in list(self._procs)))
+
+    def reap_strays(self) -> list[int]:
+        """Reap zombies re-parented to us (we are a subreaper): descendants of ranks that outlived them.
+
+        Only zombies are touched, never a rank we track (its exit code comes through its pidfd) nor a
+        protected child of the same process (the embedded etcd of ``recoverd run``).
+        """
+        reaped: list[int] = []
+        protected = self._protected_pids()
+        for child in psutil.Process().children():
+            if self.owns(child.pid) or child.pid in protected:
+                continue
+            with contextlib.suppress(psutil.Error, ChildProcessError, OSError):
+                if child.status() != psutil.STATUS_ZOMBIE:
+                    continue
+                pid, _ = os.waitpid(child.pid, os.WNOHANG)
+                if pid:
+                    reaped.append(pid)
+        return reaped

@@ -1,0 +1,139 @@
+"""The strategy selector service: answers every recovery that waits in DECIDING.
+
+Level-triggered like the coordinator: a watch on ``jobs/`` enqueues jobs; a pass reads the job and,
+if its recovery is in DECIDING with no decision for the current epoch, calls the pure
+:func:`selector.choose` and records the decision with its inputs and reasons. The decision key is
+create-if-absent per epoch, so several selector replicas are safe without an election (the first
+answer wins) and a replayed pass writes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+
+from recoverd import events
+from recoverd.errors import BadRecord, RecoverdError
+from recoverd.jobview import read_job
+from recoverd.keys import Keyspace
+from recoverd.records import encode, pb, ts_from_s, ts_to_s
+from recoverd.store import Absent, Put, Resync, Store
+from recoverd.strategy.selector import Outcome, PolicyView, Request, choose
+from recoverd.workqueue import WorkQueue
+
+__all__ = ["StrategyService", "request_from_records"]
+
+log = logging.getLogger(__name__)
+
+SOURCE = "strategy"
+
+
+def request_from_records(spec: pb.JobSpec, recovery: pb.Recovery, history: pb.History | None, now: float) -> Request:
+    """The selector's input, from the stored records."""
+    policy = spec.policy
+    view = PolicyView(
+        strategies=tuple(policy.strategies) or ("exit",),
+        max_rank_restarts=policy.max_rank_restarts or 3,
+        max_job_restarts=policy.max_job_restarts or 3,
+        restart_window_s=policy.restart_window_s or 600.0,
+    )
+    outcomes = tuple(
+        Outcome(o.strategy, tuple(o.ranks), ts_to_s(o.closed_at), o.ok) for o in (history.outcomes if history else ())
+    )
+    return Request(
+        fault_ranks=tuple(sorted({f.rank for f in recovery.faults})),
+        fault_types=tuple(f.fault_type or "1" for f in recovery.faults),
+        policy=view,
+        supported=frozenset(recovery.supported) if recovery.has_supported else None,
+        failed=tuple(f.strategy for f in recovery.failed_strategies),
+        history=outcomes,
+        now=now,
+    )
+
+
+class StrategyService:
+    """``await StrategyService(store, keys).run()`` until cancelled."""
+
+    def __init__(self, store: Store, keys: Keyspace) -> None:
+        self.store = store
+        self.keys = keys
+        self.identity = f"strategy@{socket.gethostname()}:{os.getpid()}"
+        self._queue: WorkQueue[str] = WorkQueue()
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            start = await self._enqueue_all()
+            group.create_task(self._watch(start + 1), name="strategy-watch")
+            group.create_task(self._worker(), name="strategy-worker")
+
+    async def _enqueue_all(self) -> int:
+        snap = await self.store.get_prefix(self.keys.jobs_prefix())
+        for kv in snap.kvs:
+            with contextlib.suppress(BadRecord):
+                self._queue.add(self.keys.parse(kv.key).job)
+        return snap.revision
+
+    async def _watch(self, start: int) -> None:
+        async for item in self.store.watch_prefix(self.keys.jobs_prefix(), start):
+            if isinstance(item, Resync):
+                await self._enqueue_all()
+                continue
+            with contextlib.suppress(BadRecord):
+                self._queue.add(self.keys.parse(item.key).job)
+
+    async def _worker(self) -> None:
+        while True:
+            job = await self._queue.get()
+            try:
+                await self.reconcile(job)
+                self._queue.forget(job)
+            except RecoverdError as err:
+                delay = self._queue.retry(job)
+                log.info("strategy pass for %s: %s; retrying in %.2fs", job, err, delay)
+            except Exception:
+                delay = self._queue.retry(job)
+                log.exception("internal error deciding for %s; retrying in %.2fs", job, delay)
+            finally:
+                self._queue.done(job)
+
+    async def reconcile(self, job: str) -> None:
+        view = await read_job(self.store, self.keys, job)
+        if view.spec is None or view.run is None or view.recovery is None:
+            return
+        recovery = view.recovery
+        if recovery.phase != pb.PHASE_DECIDING or recovery.epoch in view.decisions:
+            return
+        now = time.time()
+        request = request_from_records(view.spec, recovery, view.history, now)
+        decision = choose(request)
+        record = pb.Decision(
+            epoch=recovery.epoch,
+            strategy=decision.strategy,
+            reasons=list(decision.reasons),
+            give_up=decision.give_up,
+            allowed=list(request.policy.strategies),
+            candidates=list(decision.candidates),
+            fault_ranks=list(request.fault_ranks),
+            failed_strategies=list(request.failed),
+            decided_at=ts_from_s(now),
+            decided_by=self.identity,
+            expected_cost_s=decision.expected_cost_s,
+        )
+        key = self.keys.decision(view.run, recovery.epoch)
+        summary = decision.strategy or "give up"
+        note = events.event_put(
+            self.keys,
+            view.run,
+            SOURCE,
+            "decision",
+            f"epoch {recovery.epoch}: {summary} ({'; '.join(decision.reasons)})",
+            epoch=recovery.epoch,
+            at=now,
+        )
+        result = await self.store.txn([Absent(key)], [Put(key, encode(record)), note])
+        if result.succeeded:
+            log.info("job %s epoch %d: %s", job, recovery.epoch, summary)

@@ -23,10 +23,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 import aetcd
 import aetcd.exceptions as aetcd_errors
@@ -54,6 +54,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     aetcd_errors.ConnectionFailedError,
     aetcd_errors.ConnectionTimeoutError,
@@ -65,6 +67,25 @@ _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 )
 # Spelled out as one typed tuple: mypy rejects ``except (X, *tuple_var)``.
 _WATCH_RETRY_ERRORS: tuple[type[BaseException], ...] = (EtcdUnavailable, *_CONNECTION_ERRORS)
+
+
+async def _bounded(awaitable: Awaitable[T], limit_s: float) -> T:
+    """Await with a time limit. Not ``asyncio.wait_for``: on Python 3.11 it can swallow a
+    cancellation that races with the result, leaving a task that never stops."""
+    async with asyncio.timeout(limit_s):
+        return await awaitable
+
+
+def _propagate_cancellation() -> None:
+    """Re-raise a cancellation that the gRPC layer turned into an error.
+
+    Cancelling a task during an in-flight call makes grpc.aio end the call with StatusCode.CANCELLED,
+    which the client maps to a connection error. Treating that as "etcd unavailable" would swallow
+    the cancellation (a retry loop would run on forever during shutdown), so check the task first.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError()
 
 
 def parse_endpoints(text: str | Sequence[str]) -> list[tuple[str, int]]:
@@ -234,7 +255,7 @@ class Store:
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(client.close(), timeout=self.connect_timeout_s)
+                await _bounded(client.close(), limit_s=self.connect_timeout_s)
 
     # ---------------------------------------------------------------- connection
     async def _get_client(self) -> Any:
@@ -252,8 +273,9 @@ class Store:
                 options={"grpc.use_local_subchannel_pool": 1},
             )
             try:
-                await asyncio.wait_for(client.connect(), timeout=self.connect_timeout_s)
+                await _bounded(client.connect(), limit_s=self.connect_timeout_s)
             except _CONNECTION_ERRORS as err:
+                _propagate_cancellation()
                 raise EtcdUnavailable(f"cannot connect to etcd at {host}:{port}: {err!r}") from err
             self._client = client
         return self._client
@@ -265,13 +287,14 @@ class Store:
             self._current = (self._current + 1) % len(self.endpoints)
         if client is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(client.close(), timeout=1.0)
+                await _bounded(client.close(), limit_s=1.0)
 
     async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         client = await self._get_client()
         try:
-            return await asyncio.wait_for(getattr(client, name)(*args, **kwargs), timeout=self.op_timeout_s)
+            return await _bounded(getattr(client, name)(*args, **kwargs), limit_s=self.op_timeout_s)
         except _CONNECTION_ERRORS as err:
+            _propagate_cancellation()
             await self._failover()
             raise EtcdUnavailable(f"etcd {name} failed at {self.endpoint}: {err!r}") from err
 
@@ -333,7 +356,7 @@ class Store:
             return out
 
         try:
-            response = await asyncio.wait_for(
+            response = await _bounded(
                 client.kvstub.Txn(
                     aetcd.rpc.TxnRequest(
                         compare=[c.build_message() for c in built],
@@ -343,9 +366,10 @@ class Store:
                     timeout=self.op_timeout_s,
                     metadata=client.metadata,
                 ),
-                timeout=self.op_timeout_s,
+                limit_s=self.op_timeout_s,
             )
         except (aetcd.rpc.AioRpcError, *_CONNECTION_ERRORS) as err:
+            _propagate_cancellation()
             await self._failover()
             raise EtcdUnavailable(f"etcd txn failed at {self.endpoint}: {err!r}") from err
         return TxnResult(bool(response.succeeded), int(response.header.revision))
@@ -387,9 +411,9 @@ class Store:
             watch = None
             try:
                 client = await self._get_client()
-                watch = await asyncio.wait_for(
+                watch = await _bounded(
                     client.watch(key, range_end=_prefix_end(key), start_revision=next_rev),
-                    timeout=self.op_timeout_s,
+                    limit_s=self.op_timeout_s,
                 )
                 delay = self.watch_retry_s
                 if resync is not None:
@@ -408,6 +432,7 @@ class Store:
                 next_rev = err.compacted_revision
                 resync = "compacted"
             except _WATCH_RETRY_ERRORS as err:
+                _propagate_cancellation()
                 log.info("watch on %s lost (%r); retrying in %.2fs", prefix, err, delay)
                 await self._failover()
                 await asyncio.sleep(delay)
@@ -416,7 +441,7 @@ class Store:
             finally:
                 if watch is not None:
                     with contextlib.suppress(Exception):
-                        await asyncio.wait_for(watch.cancel(), timeout=0.5)
+                        await _bounded(watch.cancel(), limit_s=0.5)
 
 
 class LeaseKeeper:
@@ -451,7 +476,7 @@ class LeaseKeeper:
                 await task
         if revoke and self.id and not self.lost.is_set():
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.store._revoke(self.id), timeout=1.0)
+                await _bounded(self.store._revoke(self.id), limit_s=1.0)
         self.lost.set()
 
     async def _keep_alive(self) -> None:

@@ -90,37 +90,65 @@ def _add_embedded(parser: argparse.ArgumentParser) -> None:
 def _add_timeouts(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("coordinator timing (seconds)")
     default = Timeouts()
-    group.add_argument("--fault-window", type=_positive(float), default=default.fault_window_s,
-                       help="collect faults this long before stopping (%(default)s)")
+    group.add_argument(
+        "--fault-window",
+        type=_positive(float),
+        default=default.fault_window_s,
+        help="collect faults this long before stopping (%(default)s)",
+    )
     group.add_argument("--stop-timeout", type=_positive(float), default=default.stop_s, help="%(default)s")
-    group.add_argument("--strategies-timeout", type=_positive(float), default=default.strategies_s,
-                       help="%(default)s")
-    group.add_argument("--decide-timeout", type=_positive(float), default=default.decide_s,
-                       help="no decision this long: apply exit (%(default)s)")
+    group.add_argument("--strategies-timeout", type=_positive(float), default=default.strategies_s, help="%(default)s")
+    group.add_argument(
+        "--decide-timeout",
+        type=_positive(float),
+        default=default.decide_s,
+        help="no decision this long: apply exit (%(default)s)",
+    )
     group.add_argument("--recover-timeout", type=_positive(float), default=default.recover_s, help="%(default)s")
     group.add_argument("--coordinator-lease-ttl", type=_positive(float), default=5.0, help="%(default)s")
     group.add_argument("--event-cap", type=_positive(int), default=1000, help="events kept per run (%(default)s)")
-    group.add_argument("--retention", type=_positive(float), default=3600.0,
-                       help="finished runs are removed after this long (%(default)s)")
+    group.add_argument(
+        "--retention",
+        type=_positive(float),
+        default=3600.0,
+        help="finished runs are removed after this long (%(default)s)",
+    )
 
 
 def _add_job(parser: argparse.ArgumentParser, *, job_required: bool) -> None:
-    parser.add_argument("--job", default=os.environ.get("RECOVERD_JOB"), required=job_required and not os.environ.get("RECOVERD_JOB"),
-                        help="job name (default: $RECOVERD_JOB)")
+    parser.add_argument(
+        "--job",
+        default=os.environ.get("RECOVERD_JOB"),
+        required=job_required and not os.environ.get("RECOVERD_JOB"),
+        help="job name (default: $RECOVERD_JOB)",
+    )
     parser.add_argument("--nproc-per-node", type=_positive(int), required=True, help="ranks on this node")
-    parser.add_argument("--strategies", type=_strategies, default=("exit",),
-                        help="allowed strategies in order, e.g. recover-in-place,exit (default: exit)")
-    parser.add_argument("--max-rank-restarts", type=_positive(int), default=3,
-                        help="in-place restarts of one rank per window before exit (%(default)s)")
-    parser.add_argument("--max-job-restarts", type=_positive(int), default=3,
-                        help="exits per window before the job fails (%(default)s)")
+    parser.add_argument(
+        "--strategies",
+        type=_strategies,
+        default=("exit",),
+        help="allowed strategies in order, e.g. recover-in-place,exit (default: exit)",
+    )
+    parser.add_argument(
+        "--max-rank-restarts",
+        type=_positive(int),
+        default=3,
+        help="in-place restarts of one rank per window before exit (%(default)s)",
+    )
+    parser.add_argument(
+        "--max-job-restarts", type=_positive(int), default=3, help="exits per window before the job fails (%(default)s)"
+    )
     parser.add_argument("--restart-window", type=_positive(float), default=600.0, help="%(default)s s")
     parser.add_argument("--log-dir", default=None, help="one log file per rank (default: recoverd-logs/<job>)")
     parser.add_argument("--master-addr", default=None)
     parser.add_argument("--master-port", type=_positive(int), default=None)
     parser.add_argument("--agent-lease-ttl", type=_positive(float), default=5.0, help="%(default)s s")
-    parser.add_argument("--stop-grace", type=_positive(float), default=5.0,
-                        help="SIGTERM to SIGKILL grace when stopping ranks (%(default)s s)")
+    parser.add_argument(
+        "--stop-grace",
+        type=_positive(float),
+        default=5.0,
+        help="SIGTERM to SIGKILL grace when stopping ranks (%(default)s s)",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
 
@@ -151,8 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
     agent = sub.add_parser("agent", help="the node agent: run this node's ranks")
     _add_common(agent, etcd_required=True)
     _add_job(agent, job_required=True)
-    agent.add_argument("--node", default=os.environ.get("RECOVERD_NODE") or socket.gethostname().split(".")[0],
-                       help="node name (default: $RECOVERD_NODE or the host name)")
+    agent.add_argument(
+        "--node",
+        default=os.environ.get("RECOVERD_NODE") or socket.gethostname().split(".")[0],
+        help="node name (default: $RECOVERD_NODE or the host name)",
+    )
     agent.add_argument("--nnodes", type=_positive(int), default=1)
     agent.add_argument("--node-rank", type=int, default=0)
     return parser
@@ -254,11 +285,22 @@ class _Etcd:
         return {pid} if pid else set()
 
 
+def _dump_tasks() -> None:
+    """SIGUSR1: print every asyncio task's stack to stderr (what is this service waiting for?)."""
+    for task in asyncio.all_tasks():
+        print(f"--- task {task.get_name()}", file=sys.stderr)
+        task.print_stack(file=sys.stderr)
+    sys.stderr.flush()
+
+
 async def _main_async(args: argparse.Namespace) -> int:
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _dump_tasks)
     keys = Keyspace(args.prefix)
     if args.cmd in ("coordinator", "strategy"):
         async with Store(args.etcd) as store:
-            return await _serve(store, keys, args, coordinator=args.cmd == "coordinator", strategy=args.cmd == "strategy")
+            return await _serve(
+                store, keys, args, coordinator=args.cmd == "coordinator", strategy=args.cmd == "strategy"
+            )
     if args.cmd == "agent":
         become_subreaper()
         settings = _agent_settings(args, args.etcd, args.job, args.nnodes, args.node_rank)
@@ -272,8 +314,10 @@ async def _main_async(args: argparse.Namespace) -> int:
         become_subreaper()
         job = args.job or f"job-{os.getpid()}"
         settings = _agent_settings(args, endpoint, job, 1, 0)
-        print(f"recoverd run: job {job}, {settings.nproc_per_node} rank(s), etcd {endpoint}, logs in {settings.log_dir}",
-              flush=True)
+        print(
+            f"recoverd run: job {job}, {settings.nproc_per_node} rank(s), etcd {endpoint}, logs in {settings.log_dir}",
+            flush=True,
+        )
         agent = NodeAgent(store, keys, settings, protected_pids=etcd.protected_pids)
         async with asyncio.TaskGroup() as group:
             services = [

@@ -316,14 +316,14 @@ class Coordinator:
                 )
 
         # 4. The selector's decision.
+        nodes = tuple(sorted(set(view.ranks) | set(view.nodes)))
         if rec.phase is Phase.DECIDING and rec.epoch in view.decisions:
             decision = view.decisions[rec.epoch]
-            nodes = tuple(sorted(set(view.ranks) | set(view.nodes)))
             apply(DecisionMade(rec.epoch, decision.strategy, tuple(decision.reasons), decision.give_up, nodes))
 
         # 5. Time.
         if rec.deadline_at is not None and now >= rec.deadline_at:
-            apply(DeadlinePassed(rec.epoch))
+            apply(DeadlinePassed(rec.epoch, nodes))
 
         # 6. The end of the job: every rank of every node exited 0 and nothing is being recovered.
         if rec.phase is Phase.DONE and not view.faults and self._all_succeeded(view):

@@ -183,9 +183,11 @@ class FaultReported:
 
 @dataclass(frozen=True, slots=True)
 class DeadlinePassed:
-    """The current phase's ``deadline_at`` is behind ``now``."""
+    """The current phase's ``deadline_at`` is behind ``now``. ``nodes`` are the job's nodes, for
+    the `exit` the coordinator applies itself when no decision came in time."""
 
     epoch: int
+    nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,13 +356,15 @@ def step(rec: Recovery, event: Event, now: float, timeouts: Timeouts | None = No
     if isinstance(event, ParticipantsChanged):
         return _participants_changed(rec, event, now, timeouts)
     if isinstance(event, DeadlinePassed):
-        return _deadline_passed(rec, now, timeouts)
+        return _deadline_passed(rec, event, now, timeouts)
     if isinstance(event, StopCompleted):
+        if not _is_news(rec, event.participant):
+            return rec, []
         if event.code != 0:
             return _rule_out_cheap(rec, now, timeouts, f"{event.participant} could not stop (code {event.code})")
         return _report(rec, event.participant, now, timeouts)
     if isinstance(event, StrategiesReported):
-        if event.participant not in rec.participants or event.participant in rec.reported:
+        if not _is_news(rec, event.participant):
             return rec, []
         offered = frozenset(event.strategies)
         supported = offered if rec.supported is None else rec.supported & offered
@@ -368,6 +372,8 @@ def step(rec: Recovery, event: Event, now: float, timeouts: Timeouts | None = No
     if isinstance(event, DecisionMade):
         return _decided(rec, event, now, timeouts)
     if isinstance(event, RecoverStatusReported):
+        if not _is_news(rec, event.participant):
+            return rec, []
         if event.code != 0:
             return _strategy_failed(
                 rec, now, timeouts, f"{event.participant} reported code {event.code}: {event.message}".rstrip(": ")
@@ -400,7 +406,12 @@ def _fault_wire(rec: Recovery) -> tuple[tuple[int, str], ...]:
 
 
 def _open(rec: Recovery, event: FaultReported, now: float, timeouts: Timeouts) -> tuple[Recovery, list[Effect]]:
-    """A fault with no recovery in progress opens one (new recovery id, new epoch)."""
+    """A fault with no recovery in progress opens one (new recovery id, new epoch).
+
+    A fault already handled by the last recovery (a replayed key) opens nothing.
+    """
+    if any(f.fault_id == event.fault.fault_id for f in rec.faults):
+        return rec, []
     new = Recovery(
         epoch=rec.epoch + 1,
         recovery_id=rec.recovery_id + 1,
@@ -440,13 +451,22 @@ def _merge_fault(rec: Recovery, event: FaultReported, now: float, timeouts: Time
     ]
 
 
+def _is_news(rec: Recovery, participant: str) -> bool:
+    """A report counts only from a current participant that has not answered this phase yet."""
+    return participant in rec.participants and participant not in rec.reported
+
+
 def _all_reported(rec: Recovery) -> bool:
-    """Guard of the waiting phases: every current participant has answered."""
-    return rec.participants <= rec.reported
+    """Guard of the waiting phases: every current participant has answered.
+
+    With no participant left nobody can answer, and that is not success: the phase waits for its
+    deadline (which escalates) or for a participant to (re)join.
+    """
+    return bool(rec.participants) and rec.participants <= rec.reported
 
 
 def _report(rec: Recovery, participant: str, now: float, timeouts: Timeouts) -> tuple[Recovery, list[Effect]]:
-    if participant not in rec.participants or participant in rec.reported:
+    if not _is_news(rec, participant):
         return rec, []
     new = dataclasses.replace(rec, reported=rec.reported | {participant})
     if not _all_reported(new):
@@ -485,7 +505,9 @@ def _participants_changed(
     return new, []
 
 
-def _deadline_passed(rec: Recovery, now: float, timeouts: Timeouts) -> tuple[Recovery, list[Effect]]:
+def _deadline_passed(
+    rec: Recovery, event: DeadlinePassed, now: float, timeouts: Timeouts
+) -> tuple[Recovery, list[Effect]]:
     if rec.deadline_at is None or now < rec.deadline_at:
         return rec, []
     if rec.phase is Phase.COLLECTING:
@@ -499,6 +521,7 @@ def _deadline_passed(rec: Recovery, now: float, timeouts: Timeouts) -> tuple[Rec
             rec.epoch,
             "exit",
             (f"no decision within {timeouts.decide_s}s: the coordinator applies exit, which is always safe",),
+            nodes=event.nodes,
         )
         return _decided(rec, decision, now, timeouts)
     missing = sorted(rec.participants - rec.reported)
@@ -518,7 +541,8 @@ def _strategy_failed(rec: Recovery, now: float, timeouts: Timeouts, why: str) ->
     if rec.strategy == "exit":
         return _fail_job(rec, now, timeouts, f"exit failed: {why}")
     failed = (*rec.failed_strategies, (rec.strategy, why))
-    new = _enter(rec, Phase.DECIDING, now, timeouts, epoch=rec.epoch + 1, failed_strategies=failed)
+    # The failed strategy is recorded here, once; no strategy is in progress while deciding.
+    new = _enter(rec, Phase.DECIDING, now, timeouts, epoch=rec.epoch + 1, failed_strategies=failed, strategy="")
     return new, [
         RecordOutcome(rec.strategy, rec.fault_ranks, ok=False),
         EmitEvent("strategy_failed", f"{rec.strategy} failed: {why}; deciding again (epoch {new.epoch})"),
@@ -527,8 +551,9 @@ def _strategy_failed(rec: Recovery, now: float, timeouts: Timeouts, why: str) ->
 
 def _fail_job(rec: Recovery, now: float, timeouts: Timeouts, why: str) -> tuple[Recovery, list[Effect]]:
     new = _enter(rec, Phase.FAILED, now, timeouts, outcome=f"failed: {why}")
+    outcome: list[Effect] = [RecordOutcome(rec.strategy, rec.fault_ranks, ok=False)] if rec.strategy else []
     return new, [
-        RecordOutcome(rec.strategy or "none", rec.fault_ranks, ok=False),
+        *outcome,
         PublishSignal("killMaster", ()),
         FinishJob(succeeded=False, reason=why),
         EmitEvent("job_failed", why),

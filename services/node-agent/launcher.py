@@ -189,7 +189,8 @@ class Launcher:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pgid, signal.SIGTERM)
             try:
-                return await asyncio.wait_for(asyncio.shield(proc.exited), timeout=grace_s)
+                async with asyncio.timeout(grace_s):  # not wait_for: it can swallow a cancel on 3.11
+                    return await asyncio.shield(proc.exited)
             except TimeoutError:
                 log.warning("rank %d (pid %d) ignored SIGTERM for %.1fs; sending SIGKILL", proc.rank, proc.pid, grace_s)
                 with contextlib.suppress(ProcessLookupError, PermissionError):

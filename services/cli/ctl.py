@@ -1,0 +1,223 @@
+"""``recoverctl``: the operator's view of recoverd during an incident.
+
+    recoverctl [--etcd URL] status JOB [--json]       ranks (node, pid, state, restarts) and the recovery phase
+    recoverctl [--etcd URL] events JOB [--json]       the event log, one line each, oldest first
+    recoverctl [--etcd URL] decisions JOB [--json]    every strategy decision with its reasons
+
+Reads only; never writes. ``--json`` prints machine-readable output (proto3 JSON field names).
+Exit status: 0 ok, 1 unknown job, 2 bad usage or etcd unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from google.protobuf import json_format
+from recoverd.errors import RecoverdError
+from recoverd.jobview import JobView, read_job
+from recoverd.keys import DEFAULT_PREFIX, Keyspace, RunRef
+from recoverd.records import decode, pb, ts_to_s
+from recoverd.store import Store
+
+__all__ = ["main"]
+
+
+class UnknownJob(RecoverdError):
+    pass
+
+
+def _iso(seconds: float) -> str:
+    if not seconds:
+        return "-"
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{int(seconds * 1000) % 1000:03d}Z"
+
+
+def _as_dict(message: Any) -> dict[str, Any]:
+    return json_format.MessageToDict(message, preserving_proto_field_name=True)
+
+
+def _enum(enum: Any, value: int, prefix: str) -> str:
+    return str(enum.Name(value)).removeprefix(prefix)
+
+
+async def _view(store: Store, keys: Keyspace, job: str) -> JobView:
+    view = await read_job(store, keys, job)
+    if view.spec is None or view.run is None:
+        raise UnknownJob(f"no job named {job!r} under {keys.prefix}")
+    return view
+
+
+def status_dict(view: JobView) -> dict[str, Any]:
+    assert view.spec is not None
+    ranks = sorted((r for nr in view.ranks.values() for r in nr.ranks), key=lambda r: r.rank)
+    out: dict[str, Any] = {
+        "job": view.spec.name,
+        "run": view.spec.uid,
+        "world_size": view.spec.world_size,
+        "nnodes": view.spec.nnodes,
+        "strategies": list(view.spec.policy.strategies),
+        "state": _enum(pb.JobState, view.status.state, "JOB_") if view.status else "RUNNING",
+        "reason": view.status.reason if view.status else "",
+        "nodes": {
+            name: {"host": n.host, "agent_pid": n.agent_pid, "node_rank": n.node_rank}
+            for name, n in sorted(view.nodes.items())
+        },
+        "ranks": [
+            {
+                "rank": r.rank,
+                "node": r.node,
+                "pid": r.pid,
+                "state": _enum(pb.RankState, r.state, "RANK_"),
+                "restarts": r.restart_count,
+                "generation": r.generation,
+                "exit_code": r.exit_code,
+                "signal": r.signal,
+                "node_alive": r.node in view.nodes,
+            }
+            for r in ranks
+        ],
+        "recovery": None,
+    }
+    if view.recovery is not None:
+        rec = view.recovery
+        out["recovery"] = {
+            "id": rec.recovery_id,
+            "epoch": rec.epoch,
+            "phase": _enum(pb.Phase, rec.phase, "PHASE_"),
+            "strategy": rec.strategy,
+            "fault_ranks": sorted({f.rank for f in rec.faults}),
+            "participants": list(rec.participants),
+            "reported": list(rec.reported),
+            "deadline_at": _iso(ts_to_s(rec.deadline_at)) if rec.HasField("deadline_at") else None,
+            "outcome": rec.outcome,
+        }
+    return out
+
+
+def format_status(data: dict[str, Any]) -> str:
+    lines = [
+        f"job {data['job']}  run {data['run']}  state {data['state']}"
+        + (f" ({data['reason']})" if data["reason"] else ""),
+        f"world size {data['world_size']} on {data['nnodes']} node(s); strategies {','.join(data['strategies'])}",
+    ]
+    rec = data["recovery"]
+    if rec is None:
+        lines.append("recovery: none so far")
+    else:
+        lines.append(
+            f"recovery {rec['id']}: phase {rec['phase']}  epoch {rec['epoch']}  strategy {rec['strategy'] or '-'}"
+            f"  fault ranks {rec['fault_ranks']}" + (f"  deadline {rec['deadline_at']}" if rec["deadline_at"] else "")
+        )
+    lines.append(f"{'RANK':>4}  {'NODE':<16} {'PID':>7}  {'STATE':<9} {'RESTARTS':>8} {'GEN':>4}  EXIT")
+    for r in data["ranks"]:
+        if r["signal"]:
+            ended = f"signal {r['signal']}"
+        elif r["state"] in ("SUCCEEDED", "FAILED", "STOPPED"):
+            ended = f"code {r['exit_code']}"
+        else:
+            ended = "-"
+        node = r["node"] + ("" if r["node_alive"] else " (lost)")
+        lines.append(
+            f"{r['rank']:>4}  {node:<16} {r['pid']:>7}  {r['state']:<9} {r['restarts']:>8}"
+            f" {r['generation']:>4}  {ended}"
+        )
+    return "\n".join(lines)
+
+
+async def _events(store: Store, keys: Keyspace, run: RunRef) -> list[pb.Event]:
+    snap = await store.get_prefix(keys.events_prefix(run))
+    out = []
+    for kv in snap.kvs:
+        try:
+            out.append(decode(pb.Event, kv.value, kv.key))
+        except RecoverdError:
+            continue
+    return out
+
+
+def format_event(event: pb.Event) -> str:
+    where = []
+    if event.HasField("rank"):
+        where.append(f"rank={event.rank}")
+    if event.node:
+        where.append(f"node={event.node}")
+    if event.epoch:
+        where.append(f"epoch={event.epoch}")
+    return f"{_iso(ts_to_s(event.at))}  {event.source:<16} {event.reason:<18} {event.message}" + (
+        f"  [{' '.join(where)}]" if where else ""
+    )
+
+
+async def _run(args: argparse.Namespace) -> int:
+    keys = Keyspace(args.prefix)
+    async with Store(args.etcd, connect_timeout_s=args.timeout, op_timeout_s=args.timeout) as store:
+        view = await _view(store, keys, args.job)
+        assert view.run is not None
+        if args.cmd == "status":
+            data = status_dict(view)
+            print(json.dumps(data, indent=2) if args.json else format_status(data))
+        elif args.cmd == "events":
+            evs = await _events(store, keys, view.run)
+            if args.json:
+                print(json.dumps([_as_dict(e) for e in evs], indent=2))
+            else:
+                for event in evs:
+                    print(format_event(event))
+        elif args.cmd == "decisions":
+            decisions = [view.decisions[e] for e in sorted(view.decisions)]
+            if args.json:
+                print(json.dumps([_as_dict(d) for d in decisions], indent=2))
+            else:
+                for d in decisions:
+                    print(
+                        f"epoch {d.epoch}  {_iso(ts_to_s(d.decided_at))}  {d.strategy or 'GIVE UP'}  by {d.decided_by}"
+                    )
+                    for reason in d.reasons:
+                        print(f"    {reason}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="recoverctl", description="Inspect recoverd jobs in etcd.")
+    parser.add_argument(
+        "--etcd", default=os.environ.get("RECOVERD_ETCD"), help="etcd endpoints (default: $RECOVERD_ETCD)"
+    )
+    parser.add_argument("--prefix", default=os.environ.get("RECOVERD_PREFIX", DEFAULT_PREFIX), help="%(default)s")
+    parser.add_argument("--timeout", type=float, default=5.0, help="etcd timeout in seconds (%(default)s)")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    for name, text in (
+        ("status", "ranks and the current recovery of a job"),
+        ("events", "the event log of a job, oldest first"),
+        ("decisions", "the strategy decisions of a job, with reasons"),
+    ):
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("job")
+        cmd.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if not args.etcd:
+        print("recoverctl: error: no etcd endpoint (--etcd or RECOVERD_ETCD)", file=sys.stderr)
+        sys.exit(2)
+    try:
+        code = asyncio.run(_run(args))
+    except UnknownJob as err:
+        print(f"recoverctl: {err.detail}", file=sys.stderr)
+        code = 1
+    except RecoverdError as err:
+        print(f"recoverctl: error: {err}", file=sys.stderr)
+        code = 2
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -206,6 +206,19 @@ class Keyspace:
         return f"{self.events_prefix(run)}{check_id('event', event_id)}"
 
     # ---------------------------------------------------------------- parsing
+    def job_of(self, key: str | bytes) -> str | None:
+        """The job a key under ``jobs/`` belongs to, even when the rest of the key is malformed.
+
+        Watchers use it to wake the job's reconciler, which then records and removes a bad key;
+        None for keys outside ``jobs/`` or with an invalid job segment.
+        """
+        text = key.decode(errors="replace") if isinstance(key, bytes) else key
+        root = self.jobs_prefix()
+        if not text.startswith(root):
+            return None
+        job = text[len(root) :].split("/", 1)[0]
+        return job if _ID_RE.match(job) else None
+
     def parse(self, key: str | bytes) -> KeyRef:
         """Turn a key under the prefix back into a :class:`KeyRef`; raise BadRecord if it is not ours.
 

@@ -288,8 +288,9 @@ class _Etcd:
 def _dump_tasks() -> None:
     """SIGUSR1: print every asyncio task's stack to stderr (what is this service waiting for?)."""
     for task in asyncio.all_tasks():
-        print(f"--- task {task.get_name()}", file=sys.stderr)
-        task.print_stack(file=sys.stderr)
+        print(f"--- task {task.get_name()}: {task!r}", file=sys.stderr)
+        for frame in task.get_stack():
+            print(f"    {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}", file=sys.stderr)
     sys.stderr.flush()
 
 

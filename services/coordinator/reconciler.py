@@ -17,7 +17,6 @@ are timers that enqueue the job.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import secrets
@@ -27,6 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from recoverd import events
+from recoverd.aiotools import leaf_errors, supervised_group
 from recoverd.coordinator.codec import fault_from_pb, recovery_from_pb, recovery_to_pb
 from recoverd.coordinator.recovery import (
     DeadlinePassed,
@@ -48,7 +48,7 @@ from recoverd.coordinator.recovery import (
     Timeouts,
     step,
 )
-from recoverd.errors import BadRecord, FenceLost, Reason, RecoverdError, UnknownRank
+from recoverd.errors import FenceLost, Reason, RecoverdError, UnknownRank
 from recoverd.jobview import JobView, read_job
 from recoverd.keys import Keyspace, RunRef
 from recoverd.records import encode, pb, ts_from_s, ts_to_s
@@ -154,14 +154,21 @@ class Coordinator:
         self.is_leader.set()
         self._queue = WorkQueue()
         try:
-            async with asyncio.TaskGroup() as group:
+            async with supervised_group() as group:
                 start = await self._enqueue_all()
                 group.create_task(self._watch_jobs(start + 1), name="coordinator-watch")
                 group.create_task(self._watch_leader(start + 1), name="coordinator-fence")
                 group.create_task(self._worker(), name="coordinator-worker")
                 group.create_task(self._raise_when(lease_lost), name="coordinator-lease")
-        except* FenceLost as group_err:
-            raise group_err.exceptions[0] from None
+        except BaseExceptionGroup as group:
+            # Leadership ends; losing the fence or etcd is expected and leads to a new campaign.
+            leaves = leaf_errors(group)
+            for wanted in (FenceLost, RecoverdError):
+                if all(isinstance(e, RecoverdError) for e in leaves):
+                    first = next((e for e in leaves if isinstance(e, wanted)), None)
+                    if first is not None:
+                        raise first from None
+            raise
         finally:
             self._queue.close()
 
@@ -181,8 +188,8 @@ class Coordinator:
     async def _enqueue_all(self) -> int:
         snap = await self.store.get_prefix(self.keys.jobs_prefix())
         for kv in snap.kvs:
-            with contextlib.suppress(BadRecord):
-                self._queue.add(self.keys.parse(kv.key).job)
+            if job := self.keys.job_of(kv.key):
+                self._queue.add(job)
         return snap.revision
 
     async def _watch_jobs(self, start: int) -> None:
@@ -190,10 +197,8 @@ class Coordinator:
             if isinstance(item, Resync):
                 await self._enqueue_all()
                 continue
-            try:
-                self._queue.add(self.keys.parse(item.key).job)
-            except BadRecord as err:
-                log.warning("ignoring a key outside the schema: %s", err)
+            if job := self.keys.job_of(item.key):
+                self._queue.add(job)
 
     async def _worker(self) -> None:
         while True:

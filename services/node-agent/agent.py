@@ -514,7 +514,14 @@ class NodeAgent:
             self.keys.status(run),
             self.keys.command(run, self.settings.node),
         }
-        start = await self.store.revision()
+        delay = self.settings.retry_s
+        while True:
+            try:
+                start = await self.store.revision()
+                break
+            except EtcdUnavailable:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.settings.retry_max_s)
         self._wake.set()
         async for item in self.store.watch_prefix(self.keys.run_prefix(run), start + 1):
             if isinstance(item, Resync) or item.key in interesting:

@@ -10,14 +10,14 @@ answer wins) and a replayed pass writes nothing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
 import time
 
 from recoverd import events
-from recoverd.errors import BadRecord, RecoverdError
+from recoverd.aiotools import leaf_errors, supervised_group
+from recoverd.errors import RecoverdError
 from recoverd.jobview import read_job
 from recoverd.keys import Keyspace
 from recoverd.records import encode, pb, ts_from_s, ts_to_s
@@ -64,17 +64,27 @@ class StrategyService:
         self.identity = f"strategy@{socket.gethostname()}:{os.getpid()}"
         self._queue: WorkQueue[str] = WorkQueue()
 
-    async def run(self) -> None:
-        async with asyncio.TaskGroup() as group:
-            start = await self._enqueue_all()
-            group.create_task(self._watch(start + 1), name="strategy-watch")
-            group.create_task(self._worker(), name="strategy-worker")
+    async def run(self, retry_s: float = 0.5) -> None:
+        """Serve until cancelled; losing etcd restarts the watch and worker after ``retry_s``."""
+        while True:
+            try:
+                async with supervised_group() as group:
+                    start = await self._enqueue_all()
+                    group.create_task(self._watch(start + 1), name="strategy-watch")
+                    group.create_task(self._worker(), name="strategy-worker")
+            except RecoverdError as err:
+                log.warning("strategy service: %s; starting again in %.1fs", err, retry_s)
+            except BaseExceptionGroup as group:
+                if not all(isinstance(e, RecoverdError) for e in leaf_errors(group)):
+                    raise
+                log.warning("strategy service: %s; starting again in %.1fs", leaf_errors(group)[0], retry_s)
+            await asyncio.sleep(retry_s)
 
     async def _enqueue_all(self) -> int:
         snap = await self.store.get_prefix(self.keys.jobs_prefix())
         for kv in snap.kvs:
-            with contextlib.suppress(BadRecord):
-                self._queue.add(self.keys.parse(kv.key).job)
+            if job := self.keys.job_of(kv.key):
+                self._queue.add(job)
         return snap.revision
 
     async def _watch(self, start: int) -> None:
@@ -82,8 +92,8 @@ class StrategyService:
             if isinstance(item, Resync):
                 await self._enqueue_all()
                 continue
-            with contextlib.suppress(BadRecord):
-                self._queue.add(self.keys.parse(item.key).job)
+            if job := self.keys.job_of(item.key):
+                self._queue.add(job)
 
     async def _worker(self) -> None:
         while True:

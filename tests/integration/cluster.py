@@ -49,6 +49,7 @@ class Cluster:
         self.keys = Keyspace(prefix)
         self.workdir = workdir
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.killed: set[str] = set()
         self._counter = 0
 
     # ---------------------------------------------------------------- processes
@@ -103,6 +104,12 @@ class Cluster:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(sig)
         return proc.wait(timeout=timeout)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a service on purpose (a crash, not a shutdown) and reap it."""
+        self.killed.add(name)
+        self.procs[name].kill()
+        self.procs[name].wait(timeout=5)
 
     def wait_exit(self, name: str, timeout: float = 30.0) -> int:
         return self.procs[name].wait(timeout=timeout)
@@ -177,7 +184,11 @@ class Cluster:
             if last and not isinstance(last, Exception):
                 return last  # type: ignore[no-any-return]
             for name, proc in self.procs.items():
-                if name.startswith(("coordinator", "strategy")) and proc.poll() not in (None, 0):
+                if (
+                    name.startswith(("coordinator", "strategy"))
+                    and name not in self.killed
+                    and proc.poll() not in (None, 0)
+                ):
                     raise AssertionError(f"{name} died (rc={proc.returncode}) waiting for {what}\n{self.logs()}")
             time.sleep(0.05)
         raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}\n{self.logs()}")

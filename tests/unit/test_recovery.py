@@ -1,0 +1,972 @@
+"""Example-based tests of the pure recovery state machine (``recoverd.coordinator.recovery``).
+
+Every record used here is reached from DONE by real events (:func:`walk`), never built by hand, so
+the tests see exactly the records the shell will see. No etcd, no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import typing
+
+import pytest
+from recoverd.coordinator.recovery import (
+    CHEAPER_THAN_EXIT,
+    TRANSITIONS,
+    DeadlinePassed,
+    DecisionMade,
+    EmitEvent,
+    Event,
+    FaultInfo,
+    FaultReported,
+    FinishJob,
+    ParticipantsChanged,
+    Phase,
+    PublishSignal,
+    RecordOutcome,
+    RecoverStatusReported,
+    Recovery,
+    SendCommand,
+    StopCompleted,
+    StrategiesReported,
+    Timeouts,
+    step,
+    wire_strategy,
+)
+from recoverd.errors import IllegalTransition, StaleEpoch
+
+#: Distinct values, so a deadline armed with the wrong phase's timeout is caught.
+T = Timeouts(fault_window_s=1.0, stop_s=2.0, strategies_s=3.0, decide_s=4.0, recover_s=5.0)
+T0 = 100.0
+ALL_STRATEGIES = (*CHEAPER_THAN_EXIT, "exit")
+EVENT_TYPES: tuple[type, ...] = typing.get_args(Event)
+WAITING = (Phase.STOPPING, Phase.GLOBAL_FAULT, Phase.RECOVERING)
+ROUND_RESTART_PHASES = (Phase.STOPPING, Phase.GLOBAL_FAULT, Phase.DECIDING, Phase.RECOVERING)
+
+
+def fault(fault_id: str = "f1", rank: int = 3, node: str = "n1", fault_type: str = "1") -> FaultInfo:
+    return FaultInfo(fault_id=fault_id, rank=rank, node=node, fault_type=fault_type, detected_at=T0)
+
+
+def apply(rec: Recovery, event: object, now: float) -> tuple[Recovery, list[object]]:
+    return step(rec, event, now, T)  # type: ignore[arg-type]
+
+
+def reasons(effects: list[object]) -> list[str]:
+    return [e.reason for e in effects if isinstance(e, EmitEvent)]
+
+
+def non_emit(effects: list[object]) -> list[object]:
+    """The effects that act on the world (EmitEvent messages are prose, checked by reason only)."""
+    return [e for e in effects if not isinstance(e, EmitEvent)]
+
+
+# Targets of walk(): every phase, plus the two ways to FAILED and the two kinds of DONE.
+STATES = (
+    "DONE_INITIAL",
+    "COLLECTING",
+    "STOPPING",
+    "GLOBAL_FAULT",
+    "DECIDING",
+    "RECOVERING",
+    "DONE",
+    "FAILED",
+    "FAILED_GIVE_UP",
+)
+
+
+def walk(
+    target: str,
+    participants: tuple[str, ...] = ("a",),
+    strategy: str = "recover-in-place",
+    faults: tuple[FaultInfo, ...] | None = None,
+    nodes: tuple[str, ...] = ("n0", "n1"),
+    start: tuple[Recovery, float] | None = None,
+) -> tuple[Recovery, float]:
+    """Drive a recovery from DONE (``start``, or a fresh record) to ``target`` with real events.
+
+    Returns (record, now). Each transition is taken at the earliest legal time (deadlines exactly
+    when due), and every step is checked to land where the happy path says. Without ``faults`` the
+    recovery is opened by one new fault (rank 3 on n1) whose id is fresh for ``start``: "f1" for the
+    first recovery, "f2" for the second, ... (a fault id the last recovery handled opens nothing).
+    """
+    rec, now = start or (Recovery(), T0)
+    assert rec.phase is Phase.DONE
+    if target == "DONE_INITIAL":
+        return rec, now
+    if faults is None:
+        faults = (fault(f"f{rec.recovery_id + 1}"),)
+    rec, _ = apply(rec, FaultReported(faults[0], frozenset(participants)), now)
+    for extra in faults[1:]:
+        rec, _ = apply(rec, FaultReported(extra), now)
+    assert rec.phase is Phase.COLLECTING
+    if target == "COLLECTING":
+        return rec, now
+    now = rec.deadline_at
+    rec, _ = apply(rec, DeadlinePassed(rec.epoch), now)
+    assert rec.phase is Phase.STOPPING
+    if target == "STOPPING":
+        return rec, now
+    now += 0.5
+    for p in participants:
+        rec, _ = apply(rec, StopCompleted(rec.epoch, p), now)
+    assert rec.phase is Phase.GLOBAL_FAULT
+    if target == "GLOBAL_FAULT":
+        return rec, now
+    now += 0.5
+    for p in participants:
+        rec, _ = apply(rec, StrategiesReported(rec.epoch, p, ALL_STRATEGIES), now)
+    assert rec.phase is Phase.DECIDING
+    if target == "DECIDING":
+        return rec, now
+    now += 0.5
+    if target == "FAILED_GIVE_UP":
+        rec, _ = apply(rec, DecisionMade(rec.epoch, "", ("nothing fits",), give_up=True), now)
+        assert rec.phase is Phase.FAILED
+        return rec, now
+    chosen = "exit" if target == "FAILED" else strategy
+    rec, _ = apply(rec, DecisionMade(rec.epoch, chosen, ("because",), nodes=nodes), now)
+    assert rec.phase is Phase.RECOVERING
+    if target == "RECOVERING":
+        return rec, now
+    now += 0.5
+    if target == "FAILED":
+        rec, _ = apply(rec, RecoverStatusReported(rec.epoch, participants[0], 1, "exit", "boom"), now)
+        assert rec.phase is Phase.FAILED
+        return rec, now
+    for p in participants:
+        rec, _ = apply(rec, RecoverStatusReported(rec.epoch, p, 0, strategy), now)
+    assert rec.phase is Phase.DONE and target == "DONE"
+    return rec, now
+
+
+def plausible_event(rec: Recovery, event_type: type) -> object:
+    """An event of ``event_type`` that makes sense for ``rec`` (current epoch, a real participant)."""
+    who = min(rec.participants) if rec.participants else "a"
+    if event_type is FaultReported:
+        return FaultReported(fault("f-new", rank=7, node="n2"), frozenset({"a"}))
+    if event_type is DeadlinePassed:
+        return DeadlinePassed(rec.epoch)
+    if event_type is StopCompleted:
+        return StopCompleted(rec.epoch, who)
+    if event_type is StrategiesReported:
+        return StrategiesReported(rec.epoch, who, ALL_STRATEGIES)
+    if event_type is DecisionMade:
+        return DecisionMade(rec.epoch, "recover-in-place", ("fits",), nodes=("n0", "n1"))
+    if event_type is RecoverStatusReported:
+        return RecoverStatusReported(rec.epoch, who, 0, rec.strategy)
+    if event_type is ParticipantsChanged:
+        return ParticipantsChanged(rec.participants | {"late-joiner"})
+    raise AssertionError(f"no plausible event for {event_type}")  # pragma: no cover
+
+
+def state_phase(state: str) -> Phase:
+    return Phase(state.removesuffix("_INITIAL").removesuffix("_GIVE_UP"))
+
+
+# ============================================================ 1. the table and its complement
+
+
+def test_event_union_and_table_cover_each_other() -> None:
+    assert set(EVENT_TYPES) == {
+        FaultReported,
+        DeadlinePassed,
+        StopCompleted,
+        StrategiesReported,
+        DecisionMade,
+        RecoverStatusReported,
+        ParticipantsChanged,
+    }
+    assert {event_type for _, event_type in TRANSITIONS} == set(EVENT_TYPES)
+    assert {phase for phase, _ in TRANSITIONS} == set(Phase) - {Phase.FAILED}
+    assert all(isinstance(target, Phase) for target in TRANSITIONS.values())
+
+
+def test_walk_reaches_every_phase() -> None:
+    assert {walk(s)[0].phase for s in STATES} == set(Phase)
+    assert {state_phase(s) for s in STATES} == set(Phase)
+
+
+CROSS = [(s, e) for s in STATES for e in EVENT_TYPES]
+
+
+@pytest.mark.parametrize(("state", "event_type"), CROSS, ids=[f"{s}-{e.__name__}" for s, e in CROSS])
+def test_every_phase_event_pair(state: str, event_type: type) -> None:
+    rec, now = walk(state, participants=("a", "b"))
+    assert rec.phase is state_phase(state)
+    event = plausible_event(rec, event_type)
+    before = copy.deepcopy(rec)
+    later = (rec.deadline_at or now) + 0.25
+    if (rec.phase, event_type) in TRANSITIONS:
+        new, effects = apply(rec, event, later)
+        assert isinstance(effects, list)
+        assert new.phase is TRANSITIONS[rec.phase, event_type] or new.phase is rec.phase
+    else:
+        with pytest.raises(IllegalTransition) as info:
+            apply(rec, event, later)
+        assert info.value.reason == "illegal_transition"
+        assert event_type.__name__ in str(info.value)
+        assert rec == before
+    # Records are frozen: nothing can have been changed in place either way.
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rec.phase = Phase.DONE  # type: ignore[misc]
+
+
+def guarded_case(phase: Phase, event_type: type) -> tuple[Recovery, object, float]:
+    """A record in ``phase`` and an event of ``event_type`` for which the guard holds."""
+    if event_type is ParticipantsChanged and phase in WAITING:
+        # Two participants, one answered: losing the other one completes the phase.
+        rec, now = walk(phase.name, participants=("a", "b"))
+        report = {
+            Phase.STOPPING: StopCompleted(rec.epoch, "a"),
+            Phase.GLOBAL_FAULT: StrategiesReported(rec.epoch, "a", ALL_STRATEGIES),
+            Phase.RECOVERING: RecoverStatusReported(rec.epoch, "a", 0),
+        }[phase]
+        rec, _ = apply(rec, report, now)
+        return rec, ParticipantsChanged(frozenset({"a"})), now
+    rec, now = walk(phase.name)
+    event = plausible_event(rec, event_type)
+    if event_type is DeadlinePassed:
+        now = rec.deadline_at
+    return rec, event, now
+
+
+@pytest.mark.parametrize(("phase", "event_type"), list(TRANSITIONS), ids=[f"{p}-{e.__name__}" for p, e in TRANSITIONS])
+def test_guarded_transition_enters_table_target(phase: Phase, event_type: type) -> None:
+    rec, event, now = guarded_case(phase, event_type)
+    new, _ = apply(rec, event, now)
+    target = TRANSITIONS[phase, event_type]
+    assert new.phase is target
+    assert new.deadline_at == (now + T.for_phase(target) if target is not Phase.DONE else None) or (
+        target is phase and new.deadline_at == rec.deadline_at
+    )
+    if target is not phase or (phase, event_type) == (Phase.STOPPING, FaultReported):
+        assert new.phase_log[-1] == (target, now, new.epoch)
+        assert new.reported == frozenset()
+
+
+def test_failed_is_terminal() -> None:
+    for state in ("FAILED", "FAILED_GIVE_UP"):
+        rec, now = walk(state)
+        assert rec.deadline_at is None
+        for event_type in EVENT_TYPES:
+            with pytest.raises(IllegalTransition):
+                apply(rec, plausible_event(rec, event_type), now + 1000)
+
+
+def test_illegal_transition_is_checked_before_the_epoch() -> None:
+    # A stale report in a phase with no rule for it is illegal first (the table check comes first).
+    rec, now = walk("DONE")
+    with pytest.raises(IllegalTransition):
+        apply(rec, StopCompleted(rec.epoch - 1, "a"), now)
+
+
+# ============================================================ 2. happy path and exit path
+
+
+def test_single_agent_recover_in_place_happy_path() -> None:
+    rec = Recovery()
+    assert (rec.phase, rec.epoch, rec.recovery_id, rec.deadline_at, rec.phase_log) == (
+        Phase.DONE,
+        0,
+        0,
+        None,
+        (),
+    )
+    wire = ((3, "1"),)
+
+    rec, effects = apply(rec, FaultReported(fault(), frozenset({"a"})), 100.0)
+    assert (rec.phase, rec.epoch, rec.recovery_id, rec.opened_at) == (Phase.COLLECTING, 1, 1, 100.0)
+    assert rec.deadline_at == 100.0 + T.fault_window_s
+    assert rec.participants == {"a"} and rec.fault_ranks == (3,)
+    assert reasons(effects) == ["recovery_opened"] and non_emit(effects) == []
+
+    rec, effects = apply(rec, DeadlinePassed(1), 101.0)
+    assert (rec.phase, rec.epoch, rec.deadline_at) == (Phase.STOPPING, 1, 101.0 + T.stop_s)
+    assert effects == [PublishSignal("stopTrain", ("stop_train",), wire)]
+
+    rec, effects = apply(rec, StopCompleted(1, "a"), 101.5)
+    assert (rec.phase, rec.epoch, rec.deadline_at) == (Phase.GLOBAL_FAULT, 1, 101.5 + T.strategies_s)
+    assert effects == [PublishSignal("globalFault", ("on_global_rank",), wire)]
+
+    rec, effects = apply(rec, StrategiesReported(1, "a", ("retry", "recover-in-place", "exit")), 102.0)
+    assert (rec.phase, rec.epoch, rec.deadline_at) == (Phase.DECIDING, 1, 102.0 + T.decide_s)
+    assert rec.supported == {"retry", "recover-in-place", "exit"}
+    assert effects == []
+
+    rec, effects = apply(rec, DecisionMade(1, "recover-in-place", ("cheapest fit",), nodes=("n0", "n1")), 103.0)
+    assert (rec.phase, rec.epoch, rec.deadline_at) == (Phase.RECOVERING, 1, 103.0 + T.recover_s)
+    assert (rec.strategy, rec.decision_reasons, rec.command_seq) == ("recover-in-place", ("cheapest fit",), 1)
+    assert reasons(effects) == ["strategy_decided"]
+    assert non_emit(effects) == [
+        PublishSignal(
+            "changeStrategy",
+            ("change_strategy", "fault_nodes_restart"),
+            wire,
+            change_strategy="recover",
+            extra_params="recover-in-place",
+        ),
+        SendCommand("n1", "RESTART_RANKS", (3,), 1, "recover-in-place"),
+    ]
+    assert isinstance(effects[0], EmitEvent)  # the decision is announced before it is acted on
+
+    rec, effects = apply(rec, RecoverStatusReported(1, "a", 0, "recover-in-place"), 104.0)
+    assert (rec.phase, rec.epoch, rec.deadline_at, rec.outcome) == (Phase.DONE, 1, None, "succeeded")
+    assert non_emit(effects) == [RecordOutcome("recover-in-place", (3,), ok=True)]
+    assert reasons(effects) == ["recovery_done"]
+    assert rec.phase_log == (
+        (Phase.COLLECTING, 100.0, 1),
+        (Phase.STOPPING, 101.0, 1),
+        (Phase.GLOBAL_FAULT, 101.5, 1),
+        (Phase.DECIDING, 102.0, 1),
+        (Phase.RECOVERING, 103.0, 1),
+        (Phase.DONE, 104.0, 1),
+    )
+
+    # A second recovery: new id, new epoch, and command seqs keep increasing across recoveries.
+    rec, _ = apply(rec, FaultReported(fault("f2", rank=5, node="n0")), 200.0)
+    assert (rec.phase, rec.epoch, rec.recovery_id, rec.participants) == (Phase.COLLECTING, 2, 2, {"a"})
+    assert rec.faults == (fault("f2", rank=5, node="n0"),) and rec.phase_log == ((Phase.COLLECTING, 200.0, 2),)
+    rec, _ = apply(rec, DeadlinePassed(2), 201.0)
+    rec, _ = apply(rec, StopCompleted(2, "a"), 201.0)
+    rec, _ = apply(rec, StrategiesReported(2, "a", ALL_STRATEGIES), 201.0)
+    rec, effects = apply(rec, DecisionMade(2, "recover-in-place"), 201.0)
+    assert [e for e in effects if isinstance(e, SendCommand)] == [
+        SendCommand("n0", "RESTART_RANKS", (5,), 2, "recover-in-place")
+    ]
+
+
+def test_exit_restarts_every_decision_node_and_every_fault_node() -> None:
+    rec, now = walk("DECIDING", faults=(fault("f1", 3, "n1"), fault("f2", 9, "n9")))
+    rec, effects = apply(rec, DecisionMade(rec.epoch, "exit", ("last resort",), nodes=("n2", "n0", "n1")), now)
+    assert rec.phase is Phase.RECOVERING and rec.strategy == "exit"
+    assert non_emit(effects) == [
+        PublishSignal("changeStrategy", ("change_strategy",), ((3, "1"), (9, "1")), "exit", ""),
+        SendCommand("n0", "RESTART_ALL", (), 1, "exit"),
+        SendCommand("n1", "RESTART_ALL", (), 2, "exit"),
+        SendCommand("n2", "RESTART_ALL", (), 3, "exit"),
+        SendCommand("n9", "RESTART_ALL", (), 4, "exit"),
+    ]
+    assert rec.command_seq == 4
+    rec, effects = apply(rec, RecoverStatusReported(rec.epoch, "a", 0, "exit"), now + 1)
+    assert rec.phase is Phase.DONE
+    assert non_emit(effects) == [RecordOutcome("exit", (3, 9), ok=True)]
+
+
+def test_restart_ranks_groups_ranks_by_node_in_node_order() -> None:
+    faults = (fault("f1", 5, "n2"), fault("f2", 1, "n1"), fault("f3", 4, "n2"), fault("f4", 4, "n2"))
+    rec, now = walk("DECIDING", faults=faults)
+    rec, effects = apply(rec, DecisionMade(rec.epoch, "retry"), now)
+    assert [e for e in effects if isinstance(e, SendCommand)] == [
+        SendCommand("n1", "RESTART_RANKS", (1,), 1, "retry"),
+        SendCommand("n2", "RESTART_RANKS", (4, 5), 2, "retry"),
+    ]
+    signal = next(e for e in effects if isinstance(e, PublishSignal))
+    assert (signal.actions, signal.change_strategy, signal.extra_params) == (("change_strategy",), "retry", "")
+    assert rec.fault_ranks == (1, 4, 5)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "wire"),
+    [
+        ("recover-in-place", ("recover", "recover-in-place", ("fault_nodes_restart",))),
+        ("elastic-training", ("downgrade", '{"scale-in-strategy": "DP"}', ())),
+        ("retry", ("retry", "", ())),
+        ("recover", ("recover", "", ())),
+        ("dump", ("dump", "", ())),
+        ("exit", ("exit", "", ())),
+    ],
+)
+def test_wire_strategy(strategy: str, wire: tuple[str, str, tuple[str, ...]]) -> None:
+    assert wire_strategy(strategy) == wire
+    rec, now = walk("DECIDING")
+    _, effects = apply(rec, DecisionMade(rec.epoch, strategy), now)
+    signal = next(e for e in effects if isinstance(e, PublishSignal))
+    assert (signal.change_strategy, signal.extra_params, signal.actions) == (
+        wire[0],
+        wire[1],
+        ("change_strategy", *wire[2]),
+    )
+
+
+# ============================================================ 3. waiting phases need everyone
+
+
+def report_for(phase: Phase, rec: Recovery, who: str) -> object:
+    if phase is Phase.STOPPING:
+        return StopCompleted(rec.epoch, who)
+    if phase is Phase.GLOBAL_FAULT:
+        return StrategiesReported(rec.epoch, who, ALL_STRATEGIES)
+    return RecoverStatusReported(rec.epoch, who, 0, rec.strategy)
+
+
+NEXT = {Phase.STOPPING: Phase.GLOBAL_FAULT, Phase.GLOBAL_FAULT: Phase.DECIDING, Phase.RECOVERING: Phase.DONE}
+
+
+@pytest.mark.parametrize("phase", WAITING, ids=str)
+def test_waiting_phase_needs_every_participant(phase: Phase) -> None:
+    rec, now = walk(phase.name, participants=("a", "b"))
+    assert rec.reported == frozenset()
+
+    one, effects = apply(rec, report_for(phase, rec, "a"), now + 0.1)
+    assert (one.phase, one.epoch, one.reported, effects) == (phase, rec.epoch, {"a"}, [])
+    assert one.deadline_at == rec.deadline_at and one.phase_log == rec.phase_log
+
+    again, effects = apply(one, report_for(phase, one, "a"), now + 0.2)
+    assert again is one and effects == []
+
+    stranger, effects = apply(one, report_for(phase, one, "z"), now + 0.2)
+    assert stranger is one and effects == []
+
+    two, effects = apply(one, report_for(phase, one, "b"), now + 0.3)
+    assert two.phase is NEXT[phase] and two.epoch == rec.epoch and two.reported == frozenset()
+    assert two.phase_log[-1] == (NEXT[phase], now + 0.3, rec.epoch)
+    assert effects or NEXT[phase] is Phase.DECIDING
+
+
+@pytest.mark.parametrize("phase", WAITING, ids=str)
+def test_non_participant_report_before_anyone_changes_nothing(phase: Phase) -> None:
+    rec, now = walk(phase.name, participants=("a",))
+    new, effects = apply(rec, report_for(phase, rec, "z"), now)
+    assert new is rec and effects == []
+
+
+# ============================================================ 4. deadlines
+
+
+DEADLINE_PHASES = (Phase.COLLECTING, Phase.STOPPING, Phase.GLOBAL_FAULT, Phase.DECIDING, Phase.RECOVERING)
+
+
+@pytest.mark.parametrize("phase", DEADLINE_PHASES, ids=str)
+def test_deadline_is_now_plus_phase_timeout_and_not_early(phase: Phase) -> None:
+    rec, _ = walk(phase.name)
+    entered_at = rec.phase_log[-1][1]
+    assert rec.deadline_at == entered_at + T.for_phase(phase)
+    for early in (entered_at, rec.deadline_at - 1e-6):
+        new, effects = apply(rec, DeadlinePassed(rec.epoch), early)
+        assert new is rec and effects == []
+
+
+def test_timeouts_for_phase() -> None:
+    assert [T.for_phase(p) for p in Phase] == [1.0, 2.0, 3.0, 4.0, 5.0, None, None]
+    assert list(Phase)[-2:] == [Phase.DONE, Phase.FAILED]
+
+
+def test_collecting_deadline_starts_stopping() -> None:
+    rec, _ = walk("COLLECTING", faults=(fault("f1", 3), fault("f2", 1, fault_type="0")))
+    now = rec.deadline_at + 0.5
+    new, effects = apply(rec, DeadlinePassed(rec.epoch), now)
+    assert (new.phase, new.epoch, new.deadline_at) == (Phase.STOPPING, rec.epoch, now + T.stop_s)
+    assert effects == [PublishSignal("stopTrain", ("stop_train",), ((1, "0"), (3, "1")))]
+
+
+@pytest.mark.parametrize("phase", [Phase.STOPPING, Phase.GLOBAL_FAULT], ids=str)
+def test_stop_or_strategies_deadline_leaves_only_exit(phase: Phase) -> None:
+    rec, _ = walk(phase.name, participants=("a", "b"))
+    rec, _ = apply(rec, report_for(phase, rec, "a"), rec.deadline_at - 0.5)
+    now = rec.deadline_at
+    new, effects = apply(rec, DeadlinePassed(rec.epoch), now)
+    assert (new.phase, new.epoch, new.deadline_at) == (Phase.DECIDING, rec.epoch + 1, now + T.decide_s)
+    assert tuple(name for name, _ in new.failed_strategies) == CHEAPER_THAN_EXIT
+    assert all("deadline" in why and "'b'" in why for _, why in new.failed_strategies)
+    assert reasons(effects) == ["escalated"] and non_emit(effects) == []
+    assert new.phase_log[-1] == (Phase.DECIDING, now, rec.epoch + 1)
+
+
+def test_deciding_deadline_applies_exit() -> None:
+    rec, _ = walk("DECIDING", faults=(fault("f1", 3, "n1"), fault("f2", 4, "n2")))
+    now = rec.deadline_at + 1
+    # Without the job's nodes, exit still restarts every node that holds a fault.
+    new, effects = apply(rec, DeadlinePassed(rec.epoch), now)
+    assert (new.phase, new.epoch, new.strategy) == (Phase.RECOVERING, rec.epoch, "exit")
+    assert new.deadline_at == now + T.recover_s
+    assert "exit" in new.decision_reasons[0]
+    assert [e for e in effects if isinstance(e, SendCommand)] == [
+        SendCommand("n1", "RESTART_ALL", (), 1, "exit"),
+        SendCommand("n2", "RESTART_ALL", (), 2, "exit"),
+    ]
+
+
+def test_deciding_deadline_exit_restarts_every_job_node_and_every_fault_node() -> None:
+    rec, _ = walk("DECIDING", faults=(fault("f1", 3, "n1"), fault("f2", 9, "n9")))
+    now = rec.deadline_at
+    new, effects = apply(rec, DeadlinePassed(rec.epoch, nodes=("n2", "n0", "n1")), now)
+    assert (new.phase, new.epoch, new.strategy, new.command_seq) == (Phase.RECOVERING, rec.epoch, "exit", 4)
+    assert non_emit(effects) == [
+        PublishSignal("changeStrategy", ("change_strategy",), ((3, "1"), (9, "1")), "exit", ""),
+        SendCommand("n0", "RESTART_ALL", (), 1, "exit"),
+        SendCommand("n1", "RESTART_ALL", (), 2, "exit"),
+        SendCommand("n2", "RESTART_ALL", (), 3, "exit"),
+        SendCommand("n9", "RESTART_ALL", (), 4, "exit"),
+    ]
+    assert reasons(effects) == ["strategy_decided"]
+
+
+@pytest.mark.parametrize("phase", [Phase.COLLECTING, Phase.STOPPING, Phase.GLOBAL_FAULT, Phase.RECOVERING], ids=str)
+def test_deadline_nodes_matter_only_for_the_deciding_deadline(phase: Phase) -> None:
+    rec, _ = walk(phase.name)
+    plain = apply(rec, DeadlinePassed(rec.epoch), rec.deadline_at)
+    with_nodes = apply(rec, DeadlinePassed(rec.epoch, nodes=("n0", "n5")), rec.deadline_at)
+    assert with_nodes == plain
+    assert not any(isinstance(e, SendCommand) for e in with_nodes[1])
+
+
+def test_recovering_deadline_fails_the_strategy_and_decides_again() -> None:
+    rec, _ = walk("RECOVERING", participants=("a", "b"))
+    now = rec.deadline_at
+    new, effects = apply(rec, DeadlinePassed(rec.epoch), now)
+    assert (new.phase, new.epoch, new.deadline_at) == (Phase.DECIDING, rec.epoch + 1, now + T.decide_s)
+    assert new.strategy == ""  # recorded as failed; no strategy is in progress while deciding
+    assert [name for name, _ in new.failed_strategies] == ["recover-in-place"]
+    assert "['a', 'b']" in new.failed_strategies[0][1]
+    assert non_emit(effects) == [RecordOutcome("recover-in-place", (3,), ok=False)]
+    assert reasons(effects) == ["strategy_failed"]
+
+
+def test_recovering_exit_deadline_fails_the_job() -> None:
+    rec, now = walk("DECIDING")
+    rec, _ = apply(rec, DecisionMade(rec.epoch, "exit", nodes=("n0",)), now)
+    now = rec.deadline_at + 3
+    new, effects = apply(rec, DeadlinePassed(rec.epoch), now)
+    assert (new.phase, new.epoch, new.deadline_at) == (Phase.FAILED, rec.epoch, None)
+    assert new.outcome.startswith("failed: exit failed")
+    assert non_emit(effects) == [
+        RecordOutcome("exit", (3,), ok=False),
+        PublishSignal("killMaster", ()),
+        FinishJob(succeeded=False, reason=new.outcome.removeprefix("failed: ")),
+    ]
+    assert reasons(effects) == ["job_failed"]
+    assert new.phase_log[-1] == (Phase.FAILED, now, rec.epoch)
+
+
+def test_default_timeouts_are_used_without_an_argument() -> None:
+    rec, _ = step(Recovery(), FaultReported(fault(), frozenset({"a"})), 10.0)
+    assert rec.deadline_at == 10.0 + Timeouts().fault_window_s
+
+
+# ============================================================ 5. merged faults
+
+
+def test_second_fault_in_collecting_is_merged_in_the_same_epoch() -> None:
+    rec, now = walk("COLLECTING")
+    new, effects = apply(rec, FaultReported(fault("f2", rank=1, node="n0")), now + 0.1)
+    assert (new.phase, new.epoch, new.recovery_id) == (Phase.COLLECTING, rec.epoch, rec.recovery_id)
+    assert new.faults == (*rec.faults, fault("f2", rank=1, node="n0"))
+    assert new.fault_ranks == (1, 3)
+    assert new.deadline_at == rec.deadline_at and new.phase_log == rec.phase_log  # the window is not extended
+    assert reasons(effects) == ["fault_merged"] and non_emit(effects) == []
+
+
+@pytest.mark.parametrize("phase", ROUND_RESTART_PHASES, ids=str)
+def test_late_fault_restarts_the_round(phase: Phase) -> None:
+    rec, now = walk(phase.name, participants=("a", "b"))
+    if phase in WAITING:
+        rec, _ = apply(rec, report_for(phase, rec, "a"), now)
+    now += 0.25
+    new, effects = apply(rec, FaultReported(fault("f2", rank=0, node="n0", fault_type="0")), now)
+    assert (new.phase, new.epoch, new.recovery_id) == (Phase.STOPPING, rec.epoch + 1, rec.recovery_id)
+    assert new.faults == (fault(), fault("f2", rank=0, node="n0", fault_type="0"))
+    assert (new.reported, new.supported, new.strategy) == (frozenset(), None, "")
+    assert new.deadline_at == now + T.stop_s and new.phase_log[-1] == (Phase.STOPPING, now, rec.epoch + 1)
+    assert new.command_seq == rec.command_seq and new.failed_strategies == rec.failed_strategies
+    assert reasons(effects) == ["fault_merged"]
+    assert non_emit(effects) == [PublishSignal("stopTrain", ("stop_train",), ((0, "0"), (3, "1")))]
+    # The old epoch's answers are now stale.
+    with pytest.raises(StaleEpoch):
+        apply(new, StopCompleted(rec.epoch, "b"), now)
+
+
+@pytest.mark.parametrize("phase", (Phase.COLLECTING, *ROUND_RESTART_PHASES), ids=str)
+def test_repeated_fault_id_is_ignored(phase: Phase) -> None:
+    rec, now = walk(phase.name)
+    for replay in (fault(), dataclasses.replace(fault(), rank=99, detail="same id, other body")):
+        new, effects = apply(rec, FaultReported(replay, frozenset({"q"})), now + 1)
+        assert new is rec and effects == []
+
+
+def test_fault_wire_keeps_the_non_retryable_type_per_rank() -> None:
+    for types, expected in [(("0", "1"), "1"), (("1", "0"), "1"), (("1", "1"), "1"), (("0", "0"), "0")]:
+        faults = (fault("f1", 2, fault_type=types[0]), fault("f2", 2, fault_type=types[1]))
+        rec, _ = walk("COLLECTING", faults=faults)
+        _, effects = apply(rec, DeadlinePassed(rec.epoch), rec.deadline_at)
+        assert effects == [PublishSignal("stopTrain", ("stop_train",), ((2, expected),))]
+
+
+def test_merged_round_can_complete_with_all_faults() -> None:
+    rec, now = walk("RECOVERING")
+    rec, _ = apply(rec, FaultReported(fault("f2", rank=6, node="n2")), now)
+    rec, _ = apply(rec, StopCompleted(rec.epoch, "a"), now)
+    rec, _ = apply(rec, StrategiesReported(rec.epoch, "a", ("retry",)), now)
+    rec, effects = apply(rec, DecisionMade(rec.epoch, "retry"), now)
+    assert [e for e in effects if isinstance(e, SendCommand)] == [
+        SendCommand("n1", "RESTART_RANKS", (3,), 2, "retry"),
+        SendCommand("n2", "RESTART_RANKS", (6,), 3, "retry"),
+    ]
+    rec, effects = apply(rec, RecoverStatusReported(rec.epoch, "a", 0), now)
+    assert rec.phase is Phase.DONE and rec.epoch == 2
+    assert non_emit(effects) == [RecordOutcome("retry", (3, 6), ok=True)]
+
+
+# ============================================================ 6. stale epochs
+
+
+def epoch_events(epoch: int) -> list[object]:
+    return [
+        StopCompleted(epoch, "a"),
+        StrategiesReported(epoch, "a", ALL_STRATEGIES),
+        DecisionMade(epoch, "retry"),
+        RecoverStatusReported(epoch, "a", 0),
+        DeadlinePassed(epoch),
+    ]
+
+
+STALE_CASES = [
+    (s, type(e))
+    for s in ("COLLECTING", *[p.name for p in ROUND_RESTART_PHASES])
+    for e in epoch_events(0)
+    if (Phase[s], type(e)) in TRANSITIONS
+]
+
+
+@pytest.mark.parametrize(("state", "event_type"), STALE_CASES, ids=[f"{s}-{e.__name__}" for s, e in STALE_CASES])
+@pytest.mark.parametrize("delta", [-1, +1, -5])
+def test_stale_epoch_raises_and_changes_nothing(state: str, event_type: type, delta: int) -> None:
+    # A second recovery puts the record at epoch 2, so epoch 1 is a real earlier epoch.
+    rec, now = walk(state, start=walk("DONE"))
+    assert rec.epoch == 2
+    event = next(e for e in epoch_events(rec.epoch + delta) if type(e) is event_type)
+    before = copy.deepcopy(rec)
+    with pytest.raises(StaleEpoch) as info:
+        apply(rec, event, now + 1000)
+    assert info.value.reason == "stale_epoch"
+    assert f"current epoch is {rec.epoch}" in str(info.value)
+    assert rec == before
+
+
+def test_stale_epoch_cases_cover_each_epoch_carrying_pair() -> None:
+    epoch_types = {type(e) for e in epoch_events(0)}
+    assert {(p, e) for p, e in TRANSITIONS if e in epoch_types} == {(Phase[s], e) for s, e in STALE_CASES}
+
+
+# ============================================================ 7. non-zero codes and give-up
+
+
+def test_stop_failure_escalates_to_exit_only() -> None:
+    rec, now = walk("STOPPING", participants=("a", "b"))
+    new, effects = apply(rec, StopCompleted(rec.epoch, "b", code=2), now + 0.5)
+    assert (new.phase, new.epoch, new.deadline_at) == (Phase.DECIDING, rec.epoch + 1, now + 0.5 + T.decide_s)
+    assert tuple(n for n, _ in new.failed_strategies) == CHEAPER_THAN_EXIT
+    assert all("b could not stop (code 2)" in why for _, why in new.failed_strategies)
+    assert reasons(effects) == ["escalated"] and non_emit(effects) == []
+
+
+def test_escalation_does_not_list_an_already_failed_strategy_twice() -> None:
+    rec, now = walk("RECOVERING")
+    rec, _ = apply(rec, RecoverStatusReported(rec.epoch, "a", 1, message="oom"), now)
+    assert [n for n, _ in rec.failed_strategies] == ["recover-in-place"]
+    rec, _ = apply(rec, FaultReported(fault("f2", 1, "n0")), now)
+    rec, _ = apply(rec, StopCompleted(rec.epoch, "a", code=9), now)
+    names = [n for n, _ in rec.failed_strategies]
+    assert sorted(names) == sorted(CHEAPER_THAN_EXIT) and len(names) == len(set(names))
+    assert rec.failed_strategies[0] == ("recover-in-place", "a reported code 1: oom")
+
+
+def test_recover_failure_falls_back_to_deciding() -> None:
+    rec, now = walk("RECOVERING", participants=("a", "b"))
+    rec, _ = apply(rec, RecoverStatusReported(rec.epoch, "a", 0), now)
+    new, effects = apply(rec, RecoverStatusReported(rec.epoch, "b", 7, message="no spare device"), now + 1)
+    assert (new.phase, new.epoch, new.reported, new.strategy) == (Phase.DECIDING, rec.epoch + 1, frozenset(), "")
+    assert new.failed_strategies == (("recover-in-place", "b reported code 7: no spare device"),)
+    assert non_emit(effects) == [RecordOutcome("recover-in-place", (3,), ok=False)]
+    assert reasons(effects) == ["strategy_failed"]
+    # The selector falls back a level: the next decision answers the new epoch.
+    newer, effects = apply(new, DecisionMade(new.epoch, "exit", nodes=("n0",)), now + 2)
+    assert newer.phase is Phase.RECOVERING and newer.strategy == "exit"
+    assert [e.seq for e in effects if isinstance(e, SendCommand)] == [2, 3]
+
+
+def test_recover_failure_message_may_be_empty() -> None:
+    rec, now = walk("RECOVERING")
+    new, _ = apply(rec, RecoverStatusReported(rec.epoch, "a", 1), now)
+    assert new.failed_strategies == (("recover-in-place", "a reported code 1"),)
+
+
+def test_exit_failure_fails_the_job() -> None:
+    rec, now = walk("RECOVERING", strategy="exit")
+    new, effects = apply(rec, RecoverStatusReported(rec.epoch, "a", 1, "exit", "cannot relaunch"), now)
+    assert new.phase is Phase.FAILED and new.deadline_at is None
+    assert [type(e) for e in effects] == [RecordOutcome, PublishSignal, FinishJob, EmitEvent]
+    assert effects[1] == PublishSignal("killMaster", ())
+    assert effects[2] == FinishJob(False, "exit failed: a reported code 1: cannot relaunch")
+
+
+@pytest.mark.parametrize(
+    "decision",
+    [DecisionMade(1, "", ("nothing left",), give_up=True), DecisionMade(1, "retry", give_up=True), DecisionMade(1, "")],
+    ids=["give-up", "give-up-with-strategy", "empty-strategy"],
+)
+def test_give_up_fails_the_job(decision: DecisionMade) -> None:
+    rec, now = walk("DECIDING")
+    assert rec.strategy == ""
+    new, effects = apply(rec, decision, now)
+    assert (new.phase, new.epoch, new.deadline_at) == (Phase.FAILED, rec.epoch, None)
+    assert new.decision_reasons == decision.reasons
+    why = "; ".join(decision.reasons) or "no strategy left"
+    # No strategy was in progress, so there is no strategy outcome to record (the job's failure is
+    # FinishJob's to record); in particular no RecordOutcome("none", ...) placeholder.
+    assert non_emit(effects) == [
+        PublishSignal("killMaster", ()),
+        FinishJob(succeeded=False, reason=why),
+    ]
+    assert reasons(effects) == ["job_failed"]
+    assert new.outcome == f"failed: {why}"
+
+
+def test_give_up_after_a_failed_strategy_records_it_once() -> None:
+    rec, now = walk("RECOVERING")
+    rec, first = apply(rec, RecoverStatusReported(rec.epoch, "a", 1), now)
+    assert (rec.phase, rec.strategy) == (Phase.DECIDING, "")
+    assert [n for n, _ in rec.failed_strategies] == ["recover-in-place"]
+    rec, second = apply(rec, DecisionMade(rec.epoch, "", ("nothing left",), give_up=True), now)
+    assert rec.phase is Phase.FAILED
+    assert [e for e in first if isinstance(e, RecordOutcome)] == [RecordOutcome("recover-in-place", (3,), ok=False)]
+    assert non_emit(second) == [PublishSignal("killMaster", ()), FinishJob(succeeded=False, reason="nothing left")]
+
+
+def test_give_up_after_a_failed_strategy_and_a_late_fault_records_nothing_more() -> None:
+    rec, now = walk("RECOVERING")
+    rec, first = apply(rec, RecoverStatusReported(rec.epoch, "a", 1), now)
+    rec, _ = apply(rec, FaultReported(fault("f2", 1, "n0")), now)
+    rec, _ = apply(rec, StopCompleted(rec.epoch, "a"), now)
+    rec, _ = apply(rec, StrategiesReported(rec.epoch, "a", ALL_STRATEGIES), now)
+    assert (rec.phase, rec.strategy) == (Phase.DECIDING, "")
+    rec, second = apply(rec, DecisionMade(rec.epoch, "", give_up=True), now)
+    assert rec.phase is Phase.FAILED
+    assert [e for e in first + second if isinstance(e, RecordOutcome)] == [
+        RecordOutcome("recover-in-place", (3,), ok=False)
+    ]
+
+
+# ============================================================ 8. participants change
+
+
+@pytest.mark.parametrize("phase", WAITING, ids=str)
+def test_losing_the_only_missing_participant_completes_the_phase(phase: Phase) -> None:
+    rec, event, now = guarded_case(phase, ParticipantsChanged)
+    new, effects = apply(rec, event, now)
+    assert new.phase is NEXT[phase] and new.participants == {"a"}
+    if phase is Phase.STOPPING:
+        assert effects == [PublishSignal("globalFault", ("on_global_rank",), ((3, "1"),))]
+    if phase is Phase.RECOVERING:
+        assert non_emit(effects) == [RecordOutcome("recover-in-place", (3,), ok=True)]
+
+
+@pytest.mark.parametrize("phase", WAITING, ids=str)
+def test_joining_or_losing_an_unanswered_participant_keeps_waiting(phase: Phase) -> None:
+    rec, now = walk(phase.name, participants=("a", "b", "c"))
+    rec, _ = apply(rec, report_for(phase, rec, "a"), now)
+    new, effects = apply(rec, ParticipantsChanged(frozenset({"b", "c", "d"})), now)
+    assert (new.phase, new.participants, new.reported, effects) == (phase, {"b", "c", "d"}, frozenset(), [])
+    assert new.deadline_at == rec.deadline_at and new.epoch == rec.epoch
+    newer, _ = apply(new, ParticipantsChanged(frozenset({"b", "c"})), now)
+    assert newer.phase is phase and newer.participants == {"b", "c"}
+
+
+@pytest.mark.parametrize("state", ["DONE_INITIAL", "DONE"])
+def test_participants_change_in_done_is_bookkeeping_only(state: str) -> None:
+    rec, now = walk(state)
+    new, effects = apply(rec, ParticipantsChanged(frozenset({"x", "y"})), now + 5)
+    assert effects == [] and new.participants == {"x", "y"}
+    assert dataclasses.replace(new, participants=rec.participants) == rec
+    same, effects = apply(new, ParticipantsChanged(frozenset({"x", "y"})), now + 6)
+    assert same is new and effects == []
+    # The next recovery starts with the participants known in DONE when the fault names none.
+    opened, _ = apply(new, FaultReported(fault("f9")), now + 7)
+    assert opened.participants == {"x", "y"}
+
+
+@pytest.mark.parametrize("phase", [Phase.COLLECTING, Phase.DECIDING], ids=str)
+def test_participants_change_outside_waiting_phases_only_updates_the_set(phase: Phase) -> None:
+    rec, now = walk(phase.name, participants=("a", "b"))
+    new, effects = apply(rec, ParticipantsChanged(frozenset({"a"})), now)
+    assert effects == [] and dataclasses.replace(new, participants=rec.participants) == rec
+
+
+def test_fault_participants_replace_the_known_set_when_opening() -> None:
+    rec, now = walk("DONE", participants=("a", "b"))
+    opened, _ = apply(rec, FaultReported(fault("f9"), frozenset({"c"})), now)
+    assert opened.participants == {"c"}
+
+
+# ============================================================ 9. supported strategies
+
+
+def test_supported_is_the_intersection_of_every_answer() -> None:
+    rec, now = walk("GLOBAL_FAULT", participants=("a", "b", "c"))
+    assert rec.supported is None
+    rec, _ = apply(rec, StrategiesReported(rec.epoch, "a", ("retry", "recover-in-place", "exit")), now)
+    assert rec.supported == {"retry", "recover-in-place", "exit"}
+    rec, _ = apply(rec, StrategiesReported(rec.epoch, "z", ("dump",)), now)  # not a participant
+    assert rec.supported == {"retry", "recover-in-place", "exit"}
+    rec, _ = apply(rec, StrategiesReported(rec.epoch, "b", ("recover-in-place", "exit", "dump")), now)
+    assert rec.supported == {"recover-in-place", "exit"}
+    rec, _ = apply(rec, StrategiesReported(rec.epoch, "b", ("retry",)), now)  # duplicate: ignored
+    assert rec.supported == {"recover-in-place", "exit"}
+    rec, _ = apply(rec, StrategiesReported(rec.epoch, "c", ("exit", "recover-in-place", "elastic-training")), now)
+    assert rec.phase is Phase.DECIDING and rec.supported == {"recover-in-place", "exit"}
+
+
+def test_supported_may_become_empty_and_is_reset_by_a_new_round() -> None:
+    rec, now = walk("GLOBAL_FAULT", participants=("a", "b"))
+    rec, _ = apply(rec, StrategiesReported(rec.epoch, "a", ("retry",)), now)
+    rec, _ = apply(rec, StrategiesReported(rec.epoch, "b", ("exit",)), now)
+    assert rec.phase is Phase.DECIDING and rec.supported == frozenset()
+    rec, _ = apply(rec, FaultReported(fault("f2", 1)), now)
+    assert rec.supported is None
+
+
+# ============================================================ 10. nobody left to answer
+
+
+@pytest.mark.parametrize("phase", WAITING, ids=str)
+def test_losing_every_participant_waits_for_the_deadline(phase: Phase) -> None:
+    rec, now = walk(phase.name, participants=("a", "b"))
+    rec, _ = apply(rec, report_for(phase, rec, "a"), now)
+    new, effects = apply(rec, ParticipantsChanged(frozenset()), now + 0.1)
+    # Nobody is left to answer, and that is not an answer: the phase keeps waiting.
+    assert (new.phase, new.epoch, new.participants, new.reported, effects) == (
+        phase,
+        rec.epoch,
+        frozenset(),
+        frozenset(),
+        [],
+    )
+    assert new.deadline_at == rec.deadline_at and new.phase_log == rec.phase_log
+    # Reports from the departed change nothing.
+    for who in ("a", "b"):
+        same, effects = apply(new, report_for(phase, new, who), now + 0.2)
+        assert same is new and effects == []
+    # The deadline escalates as for any unanswered phase.
+    later, effects = apply(new, DeadlinePassed(new.epoch), new.deadline_at)
+    assert (later.phase, later.epoch) == (Phase.DECIDING, new.epoch + 1)
+    if phase is Phase.RECOVERING:
+        assert later.failed_strategies == (("recover-in-place", "recover-in-place not confirmed in time by []"),)
+        assert non_emit(effects) == [RecordOutcome("recover-in-place", (3,), ok=False)]
+    else:
+        assert tuple(n for n, _ in later.failed_strategies) == CHEAPER_THAN_EXIT
+        assert reasons(effects) == ["escalated"] and non_emit(effects) == []
+
+
+def test_losing_every_participant_in_recovering_is_not_a_successful_recovery() -> None:
+    rec, now = walk("RECOVERING")
+    new, effects = apply(rec, ParticipantsChanged(frozenset()), now)
+    assert new.phase is Phase.RECOVERING and new.outcome == ""
+    assert not any(isinstance(e, RecordOutcome) for e in effects)
+
+
+@pytest.mark.parametrize("phase", WAITING, ids=str)
+def test_a_participant_joining_an_empty_phase_must_answer_it(phase: Phase) -> None:
+    rec, now = walk(phase.name, participants=("a",))
+    rec, _ = apply(rec, ParticipantsChanged(frozenset()), now)
+    joined, effects = apply(rec, ParticipantsChanged(frozenset({"c"})), now + 0.1)
+    assert (joined.phase, joined.participants, joined.reported, effects) == (phase, {"c"}, frozenset(), [])
+    done, effects = apply(joined, report_for(phase, joined, "c"), now + 0.2)
+    assert done.phase is NEXT[phase]
+    if phase is Phase.RECOVERING:
+        assert non_emit(effects) == [RecordOutcome("recover-in-place", (3,), ok=True)]
+
+
+def test_a_recovery_opened_with_no_participants_waits_for_its_deadline() -> None:
+    rec, now = walk("COLLECTING", participants=())
+    assert rec.participants == frozenset()
+    rec, _ = apply(rec, DeadlinePassed(rec.epoch), rec.deadline_at)
+    assert rec.phase is Phase.STOPPING
+    same, effects = apply(rec, ParticipantsChanged(frozenset()), now + 1.5)
+    assert same is rec and effects == []
+    new, effects = apply(rec, DeadlinePassed(rec.epoch), rec.deadline_at)
+    assert new.phase is Phase.DECIDING and reasons(effects) == ["escalated"]
+
+
+# ============================================================ 11. replayed faults after DONE
+
+
+@pytest.mark.parametrize("state", ["DONE", "DONE_AFTER_MERGE"])
+def test_replayed_fault_after_done_does_not_reopen(state: str) -> None:
+    if state == "DONE":
+        rec, now = walk("DONE")
+    else:
+        rec, now = walk("DONE", faults=(fault("f1"), fault("f2", 5, "n0")))
+    for old in rec.faults:
+        for replay in (old, dataclasses.replace(old, rank=99, detail="same id, other body")):
+            new, effects = apply(rec, FaultReported(replay, frozenset({"q"})), now + 1)
+            assert new is rec and effects == []
+
+
+def test_a_new_fault_after_done_opens_the_next_recovery() -> None:
+    rec, now = walk("DONE")
+    new, effects = apply(rec, FaultReported(fault("f2")), now + 1)
+    assert (new.phase, new.epoch, new.recovery_id) == (Phase.COLLECTING, rec.epoch + 1, rec.recovery_id + 1)
+    assert new.faults == (fault("f2"),) and reasons(effects) == ["recovery_opened"]
+    # Only the last recovery's fault ids are remembered: after the second one, "f1" is new again.
+    second, now = walk("DONE", start=walk("DONE"))
+    assert [f.fault_id for f in second.faults] == ["f2"] and second.recovery_id == 2
+    reopened, _ = apply(second, FaultReported(fault("f1")), now + 1)
+    assert (reopened.phase, reopened.recovery_id) == (Phase.COLLECTING, 3)
+
+
+def test_walk_from_done_uses_a_fresh_fault_id() -> None:
+    first, now = walk("DONE")
+    second, _ = walk("COLLECTING", start=(first, now))
+    assert [f.fault_id for f in first.faults] == ["f1"]
+    assert [f.fault_id for f in second.faults] == ["f2"] and second.recovery_id == 2
+
+
+# ============================================================ 12. reports that are not news
+
+
+def not_news_report(phase: Phase, rec: Recovery, who: str, code: int) -> object:
+    if phase is Phase.STOPPING:
+        return StopCompleted(rec.epoch, who, code)
+    if phase is Phase.GLOBAL_FAULT:
+        return StrategiesReported(rec.epoch, who, () if code else ("dump",))
+    return RecoverStatusReported(rec.epoch, who, code, rec.strategy, "late")
+
+
+NOT_NEWS = [(p, c) for p in WAITING for c in (0, 1, 137)]
+
+
+@pytest.mark.parametrize(("phase", "code"), NOT_NEWS, ids=[f"{p}-{c}" for p, c in NOT_NEWS])
+def test_a_non_participant_report_changes_nothing_whatever_its_code(phase: Phase, code: int) -> None:
+    rec, now = walk(phase.name, participants=("a", "b"))
+    for state in (rec, apply(rec, report_for(phase, rec, "a"), now)[0]):
+        new, effects = apply(state, not_news_report(phase, state, "z", code), now + 0.1)
+        assert new is state and effects == []
+
+
+@pytest.mark.parametrize(("phase", "code"), NOT_NEWS, ids=[f"{p}-{c}" for p, c in NOT_NEWS])
+def test_a_second_answer_from_the_same_participant_changes_nothing_whatever_its_code(phase: Phase, code: int) -> None:
+    rec, now = walk(phase.name, participants=("a", "b"))
+    rec, _ = apply(rec, report_for(phase, rec, "a"), now)
+    assert rec.reported == {"a"}
+    new, effects = apply(rec, not_news_report(phase, rec, "a", code), now + 0.1)
+    assert new is rec and effects == []
+
+
+def test_non_participant_stop_failure_changes_nothing() -> None:
+    rec, now = walk("STOPPING", participants=("a",))
+    new, effects = apply(rec, StopCompleted(rec.epoch, "z", code=1), now)
+    assert new is rec and effects == []
+
+
+def test_non_participant_recover_failure_changes_nothing() -> None:
+    rec, now = walk("RECOVERING", participants=("a",))
+    new, effects = apply(rec, RecoverStatusReported(rec.epoch, "z", 1), now)
+    assert new is rec and effects == []
+
+
+def test_a_departed_participant_failure_changes_nothing() -> None:
+    rec, now = walk("RECOVERING", participants=("a", "b"))
+    rec, _ = apply(rec, ParticipantsChanged(frozenset({"a"})), now)
+    new, effects = apply(rec, RecoverStatusReported(rec.epoch, "b", 1, rec.strategy, "gone"), now)
+    assert new is rec and effects == []

@@ -1,0 +1,316 @@
+"""Property tests of the recovery state machine: random event sequences keep its invariants.
+
+Events are drawn against the current record (mostly its epoch and its participants, sometimes
+stale epochs, strangers, repeated fault ids), so sequences get deep into the walk instead of
+bouncing off IllegalTransition in DONE. The same generator runs under Hypothesis (shrinking,
+edge cases) and under a seeded ``random.Random`` (to assert that every table entry is exercised).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from recoverd.coordinator.recovery import (
+    ACTIVE_PHASES,
+    CHEAPER_THAN_EXIT,
+    TRANSITIONS,
+    DeadlinePassed,
+    DecisionMade,
+    FaultInfo,
+    FaultReported,
+    FinishJob,
+    ParticipantsChanged,
+    Phase,
+    RecordOutcome,
+    RecoverStatusReported,
+    Recovery,
+    SendCommand,
+    StopCompleted,
+    StrategiesReported,
+    Timeouts,
+)
+from recoverd.coordinator.recovery import step as core_step
+from recoverd.errors import IllegalTransition, StaleEpoch
+
+T = Timeouts(fault_window_s=0.5, stop_s=1.0, strategies_s=1.5, decide_s=2.0, recover_s=2.5)
+PEOPLE = ("a", "b", "c")
+GROUPS: tuple[frozenset[str], ...] = (frozenset(), frozenset("a"), frozenset("ab"), frozenset("abc"), frozenset("bc"))
+STRATEGIES = (*CHEAPER_THAN_EXIT, "exit")
+OFFERS = (STRATEGIES, ("retry", "exit"), ("recover-in-place", "exit"), ("exit",), ())
+NODE_SETS: tuple[tuple[str, ...], ...] = ((), ("n0",), ("n0", "n1", "n2", "n3"))
+#: Phases in which no strategy is in progress (a failed one is recorded and cleared).
+NO_STRATEGY_PHASES = frozenset({Phase.COLLECTING, Phase.STOPPING, Phase.GLOBAL_FAULT, Phase.DECIDING})
+REPORTS = (StopCompleted, StrategiesReported, RecoverStatusReported)
+KINDS = ("fault", "deadline", "stop", "strategies", "decision", "recover", "participants")
+#: The event that moves each phase on; drawn more often so sequences get deep (and come round again).
+PROGRESS = {
+    Phase.DONE: "fault",
+    Phase.COLLECTING: "deadline",
+    Phase.STOPPING: "stop",
+    Phase.GLOBAL_FAULT: "strategies",
+    Phase.DECIDING: "decision",
+    Phase.RECOVERING: "recover",
+    Phase.FAILED: "participants",
+}
+
+Pick = Callable[[Sequence[Any]], Any]
+
+
+def draw_event(rec: Recovery, pick: Pick) -> tuple[object, bool, float]:
+    """One event for ``rec``; returns (event, jump_to_deadline, dt)."""
+    kind = pick((*KINDS, *[PROGRESS[rec.phase]] * 5))
+    epoch = rec.epoch + pick((0, 0, 0, 0, 0, 0, 0, -1, 1))
+    who = pick((*sorted(rec.participants) * 3, *PEOPLE, "stranger"))
+    dt = pick((0.0, 0.01, 0.2, 0.7, 3.0))
+    code = pick((0, 0, 0, 0, 0, 1, 137))
+    if kind == "fault":
+        info = FaultInfo(
+            fault_id=f"f{pick(range(6))}",
+            rank=pick(range(4)),
+            node=pick(("n0", "n1", "n2")),
+            fault_type=pick(("0", "1")),
+        )
+        return FaultReported(info, pick(GROUPS)), False, dt
+    if kind == "deadline":
+        return DeadlinePassed(epoch, pick(NODE_SETS)), pick((True, True, False)), dt
+    if kind == "stop":
+        return StopCompleted(epoch, who, code), False, dt
+    if kind == "strategies":
+        return StrategiesReported(epoch, who, pick(OFFERS)), False, dt
+    if kind == "decision":
+        strategy = pick((*STRATEGIES, "exit", ""))
+        give_up = pick((False, False, False, False, False, True))
+        nodes = pick(NODE_SETS)
+        return DecisionMade(epoch, strategy, ("drawn",), give_up, nodes), False, dt
+    if kind == "recover":
+        return RecoverStatusReported(epoch, who, code, rec.strategy), False, dt
+    return ParticipantsChanged(pick(GROUPS)), False, dt
+
+
+class Checker:
+    """Applies events and checks every invariant after each step; counts what it exercised."""
+
+    def __init__(self) -> None:
+        self.rec = Recovery()
+        self.now = 1000.0
+        self.last_seq = 0
+        self.finished = 0
+        self.taken: set[tuple[Phase, type, Phase]] = set()
+        self.errors: set[type] = set()
+        self.seen: set[str] = set()
+
+    def feed(self, event: object, jump: bool, dt: float) -> None:
+        prev = self.rec
+        self.now += dt
+        if jump and prev.deadline_at is not None:
+            self.now = max(self.now, prev.deadline_at)
+        now = self.now
+        key = (prev.phase, type(event))
+        try:
+            new, effects = core_step(prev, event, now, T)  # type: ignore[arg-type]
+        except IllegalTransition:
+            assert key not in TRANSITIONS, f"{key} is in the table but was refused"
+            self.errors.add(IllegalTransition)
+            new, effects = prev, []
+        except StaleEpoch:
+            assert key in TRANSITIONS
+            assert getattr(event, "epoch", prev.epoch) != prev.epoch
+            self.errors.add(StaleEpoch)
+            new, effects = prev, []
+        else:
+            assert key in TRANSITIONS, f"{key} is not in the table but was accepted"
+            assert getattr(event, "epoch", prev.epoch) == prev.epoch
+            self.taken.add((*key, new.phase))
+        self.check(prev, new, effects, event, now)
+        self.note(prev, new, effects, event)
+        self.rec = new
+
+    def note(self, prev: Recovery, new: Recovery, effects: list[object], event: object) -> None:
+        """Name the cases the fixed rules are about, so seeded walks can show they reach them."""
+        if isinstance(event, FaultReported) and prev.phase is Phase.DONE and new is prev and prev.faults:
+            self.seen.add("replayed fault after DONE")
+        if isinstance(event, (StopCompleted, RecoverStatusReported)) and event.code and new is prev:
+            if prev.phase in (Phase.STOPPING, Phase.RECOVERING) and event.epoch == prev.epoch:
+                self.seen.add("non-zero report that is not news")
+        if isinstance(event, DeadlinePassed) and prev.phase is Phase.DECIDING and new is not prev and event.nodes:
+            self.seen.add("deciding deadline with job nodes")
+        if new.phase in (Phase.STOPPING, Phase.GLOBAL_FAULT, Phase.RECOVERING) and not new.participants:
+            self.seen.add("waiting with no participant")
+        if isinstance(event, DecisionMade) and new.phase is Phase.FAILED and prev.phase is not Phase.FAILED:
+            self.seen.add("give-up")
+        if prev.phase is Phase.RECOVERING and new.phase is Phase.FAILED:
+            self.seen.add("exit failed")
+
+    def check(self, prev: Recovery, new: Recovery, effects: list[object], event: object, now: float) -> None:
+        key = (prev.phase, type(event))
+        # Monotone counters.
+        assert new.epoch >= prev.epoch
+        assert new.recovery_id >= prev.recovery_id
+        assert new.command_seq >= prev.command_seq
+        # FAILED is terminal: nothing is ever accepted there.
+        if prev.phase is Phase.FAILED:
+            assert new is prev and effects == []
+        # A step that changes nothing returns the same object and no effects (replays are harmless).
+        if new == prev:
+            assert new is prev, "an unchanged record must be returned as itself"
+            assert effects == []
+        # The phase entered is the table's target, or stays, or is a guard's failure branch.
+        if new.phase is not prev.phase:
+            assert new.phase in {TRANSITIONS[key], Phase.DECIDING, Phase.FAILED}
+        # Participants and answers.
+        assert new.reported <= new.participants
+        if new.phase not in (Phase.STOPPING, Phase.GLOBAL_FAULT, Phase.RECOVERING):
+            assert new.reported == frozenset()
+        # Deadlines: armed in every active phase, none at rest.
+        if new.phase in ACTIVE_PHASES:
+            assert new.deadline_at is not None and new.deadline_at >= new.phase_log[-1][1]
+        else:
+            assert new.deadline_at is None
+        if new.phase_log and new.phase_log != prev.phase_log:
+            entered_at = new.phase_log[-1][1]
+            assert entered_at == now
+            limit = T.for_phase(new.phase)
+            assert new.deadline_at == (None if limit is None else now + limit)
+        # Phase log: ordered in time, ends with the current phase and epoch.
+        if new == Recovery(participants=new.participants):
+            assert new.phase_log == ()
+        else:
+            assert new.phase_log, new
+            assert new.phase_log[-1][0] is new.phase and new.phase_log[-1][2] == new.epoch
+            times = [t for _, t, _ in new.phase_log]
+            assert times == sorted(times)
+            epochs = [e for _, _, e in new.phase_log]
+            assert epochs == sorted(epochs)
+        # Active recoveries always hold at least one fault, each fault id once.
+        if new.phase in ACTIVE_PHASES:
+            assert new.faults
+        ids = [f.fault_id for f in new.faults]
+        assert len(ids) == len(set(ids))
+        # Commands: only when entering RECOVERING, one per node, seqs strictly increasing forever.
+        commands = [e for e in effects if isinstance(e, SendCommand)]
+        entered_recovering = new.phase is Phase.RECOVERING and new.phase_log != prev.phase_log
+        if commands:
+            assert entered_recovering and prev.phase is Phase.DECIDING
+            seqs = [c.seq for c in commands]
+            assert seqs[0] > self.last_seq and seqs == sorted(set(seqs))
+            assert seqs[-1] == new.command_seq
+            self.last_seq = seqs[-1]
+            assert len({c.node for c in commands}) == len(commands)
+            assert {c.node for c in commands} >= {f.node for f in new.faults}
+            assert all(c.strategy == new.strategy for c in commands)
+        if entered_recovering:
+            assert commands
+        # The job is finished at most once, and only by entering FAILED.
+        finishes = [e for e in effects if isinstance(e, FinishJob)]
+        self.finished += len(finishes)
+        assert self.finished <= 1
+        if finishes:
+            assert new.phase is Phase.FAILED and prev.phase is not Phase.FAILED
+        if new.phase is Phase.FAILED and prev.phase is not Phase.FAILED:
+            assert len(finishes) == 1
+        # A new fault after COLLECTING restarts the round; a fault id the record already holds (in an
+        # active phase, or the finished recovery's in DONE: a replay) changes nothing.
+        event_type = key[1]
+        if isinstance(event, FaultReported) and event.fault.fault_id in {f.fault_id for f in prev.faults}:
+            assert new is prev and effects == []
+        if event_type is FaultReported and prev.phase in ACTIVE_PHASES and new is not prev:
+            if prev.phase is Phase.COLLECTING:
+                assert (new.phase, new.epoch, new.deadline_at) == (prev.phase, prev.epoch, prev.deadline_at)
+            else:
+                assert (new.phase, new.epoch, new.deadline_at) == (Phase.STOPPING, prev.epoch + 1, now + T.stop_s)
+            assert new.faults[:-1] == prev.faults
+        # Epoch bumps come with entering STOPPING or DECIDING (a new round) or opening a recovery.
+        if new.epoch != prev.epoch:
+            assert new.epoch == prev.epoch + 1
+            assert new.phase in (Phase.COLLECTING, Phase.STOPPING, Phase.DECIDING)
+            assert (new.recovery_id == prev.recovery_id + 1) == (new.phase is Phase.COLLECTING)
+        # A report counts only from a current participant that has not answered this phase yet,
+        # whatever its code: anything else changes nothing.
+        if isinstance(event, REPORTS) and key in TRANSITIONS and event.epoch == prev.epoch:
+            if event.participant not in prev.participants or event.participant in prev.reported:
+                assert new is prev and effects == []
+        # A strategy is in progress exactly in RECOVERING; a failed one is recorded and cleared.
+        if new.phase in NO_STRATEGY_PHASES:
+            assert new.strategy == ""
+        if new.phase is Phase.RECOVERING:
+            assert new.strategy
+        # Outcomes: one per strategy attempt, recorded when it ends in RECOVERING (success to DONE,
+        # failure to DECIDING, or to FAILED after `exit`), never a placeholder like "none".
+        outcomes = [e for e in effects if isinstance(e, RecordOutcome)]
+        left_recovering = prev.phase is Phase.RECOVERING and new.phase in (Phase.DONE, Phase.DECIDING, Phase.FAILED)
+        assert len(outcomes) == (1 if left_recovering else 0)
+        for outcome in outcomes:
+            assert outcome.strategy == prev.strategy and outcome.strategy in STRATEGIES
+            assert outcome.ranks == prev.fault_ranks
+            assert outcome.ok == (new.phase is Phase.DONE)
+            if new.phase is Phase.FAILED:
+                assert outcome.strategy == "exit"
+        # Success needs someone to confirm it: losing every participant never completes a phase.
+        if new.phase is not prev.phase and prev.phase in (Phase.STOPPING, Phase.GLOBAL_FAULT, Phase.RECOVERING):
+            if new.phase in (Phase.GLOBAL_FAULT, Phase.DECIDING, Phase.DONE) and new.epoch == prev.epoch:
+                assert new.participants
+        if new.phase is Phase.DONE and prev.phase is Phase.RECOVERING:
+            assert new.participants and new.outcome == "succeeded"
+        # `exit` restarts every node the decision (or the deciding deadline) named, plus every fault node.
+        if commands and isinstance(event, (DecisionMade, DeadlinePassed)):
+            job_nodes = set(event.nodes) | {f.node for f in new.faults}
+            if new.strategy == "exit":
+                assert [c.node for c in commands] == sorted(job_nodes)
+                assert all(c.action == "RESTART_ALL" and c.ranks == () for c in commands)
+            else:
+                assert [c.node for c in commands] == sorted({f.node for f in new.faults})
+                assert all(c.action == "RESTART_RANKS" for c in commands)
+
+
+def picker(seed: int) -> Pick:
+    """Choices for one step from one drawn integer, read digit by digit in mixed radix."""
+    state = [seed]
+
+    def pick(options: Sequence[Any]) -> Any:
+        state[0], index = divmod(state[0], len(options))
+        return options[index]
+
+    return pick
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(min_value=0, max_value=2**64), min_size=20, max_size=60))
+def test_random_event_sequences_keep_the_invariants(steps: list[int]) -> None:
+    checker = Checker()
+    for seed in steps:
+        checker.feed(*draw_event(checker.rec, picker(seed)))
+
+
+def test_seeded_walks_exercise_every_table_entry() -> None:
+    """The generator is not degenerate: seeded walks take every (phase, event) entry of the table,
+    reach every phase, hit both kinds of refusal, and reach the cases the fixed rules are about
+    (:meth:`Checker.note`), under the same invariant checks."""
+    rng = random.Random(20240611)
+    taken: set[tuple[Phase, type, Phase]] = set()
+    errors: set[type] = set()
+    seen: set[str] = set()
+    for _ in range(400):
+        checker = Checker()
+        for _ in range(60):
+            checker.feed(*draw_event(checker.rec, rng.choice))
+        taken |= checker.taken
+        errors |= checker.errors
+        seen |= checker.seen
+    assert {(p, e) for p, e, _ in taken} == set(TRANSITIONS)
+    assert {(p, e, target) for p, e, target in taken if (p, e) in TRANSITIONS} >= {
+        (p, e, target) for (p, e), target in TRANSITIONS.items()
+    }
+    assert {target for _, _, target in taken} == set(Phase)
+    assert errors == {IllegalTransition, StaleEpoch}
+    assert seen == {
+        "replayed fault after DONE",
+        "non-zero report that is not news",
+        "deciding deadline with job nodes",
+        "waiting with no participant",
+        "give-up",
+        "exit failed",
+    }

@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv proto demo test test-unit test-integration lint typecheck check bench clean fresh-clone-test
+.PHONY: all venv proto demo test test-unit lint format typecheck check bench clean fresh-clone-test
 
 all: test
 
@@ -30,24 +30,26 @@ proto: $(STAMP)
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-test: $(STAMP)
+## Lint, type-check, then every test (unit and end-to-end against a throwaway etcd).
+test: $(STAMP) lint typecheck
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check libs services tests examples
-	$(VENV)/bin/ruff format --check libs services tests examples || true
+	$(VENV)/bin/ruff check libs services tests examples bench scripts
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format libs services tests examples bench scripts
+	$(VENV)/bin/ruff check --fix libs services tests examples bench scripts
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy
-
-check: lint typecheck test
+	MYPY=$(VENV)/bin/mypy bash scripts/typecheck.sh
 
 ## Proves `make demo` and `make test` from a fresh clone with a clean environment.
 fresh-clone-test:
 	bash scripts/fresh_clone_test.sh
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache *.egg-info

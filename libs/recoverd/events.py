@@ -44,7 +44,7 @@ def event_put(
         event.rank = rank
     if data:
         event.data.update(data)
-    event_id = f"{int(at * 1e9):020d}-{source.replace('/', '.')}-{os.getpid()}-{next(_counter)}"
+    event_id = f"{int(at * 1e9):020d}-{source.replace('/', '.')}-{os.getpid()}-{next(_counter):010d}"
     return Put(keys.event(run, event_id), encode(event))
 
 

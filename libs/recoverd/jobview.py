@@ -10,6 +10,7 @@ this run's.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from recoverd.errors import BadRecord
 from recoverd.keys import KeyKind, Keyspace, RunRef
@@ -87,7 +88,7 @@ async def read_job(store: Store, keys: Keyspace, job: str) -> JobView:
         if decoder is None:
             continue
         try:
-            msg = decode(decoder, kv.value, kv.key)
+            msg: Any = decode(decoder, kv.value, kv.key)
         except BadRecord as err:
             view.bad.append((kv.key, kv.value, str(err)))
             continue

@@ -3,6 +3,7 @@
     recoverctl [--etcd URL] status JOB [--json]       ranks (node, pid, state, restarts) and the recovery phase
     recoverctl [--etcd URL] events JOB [--json]       the event log, one line each, oldest first
     recoverctl [--etcd URL] decisions JOB [--json]    every strategy decision with its reasons
+    recoverctl [--etcd URL] timeline JOB [--json]     the last recovery phase by phase, with durations
 
 Reads only; never writes. ``--json`` prints machine-readable output (proto3 JSON field names).
 Exit status: 0 ok, 1 unknown job, 2 bad usage or etcd unreachable.
@@ -155,6 +156,55 @@ def format_event(event: pb.Event) -> str:
     )
 
 
+def timeline_dict(view: JobView) -> dict[str, Any] | None:
+    """The last recovery as (phase, start offset, duration) rows, from the fault's detection on."""
+    rec = view.recovery
+    if rec is None or not rec.phase_log:
+        return None
+    detected = min((ts_to_s(f.detected_at) for f in rec.faults), default=ts_to_s(rec.opened_at))
+    entries = [(_enum(pb.Phase, e.phase, "PHASE_"), ts_to_s(e.at), e.epoch) for e in rec.phase_log]
+    rows = [
+        {
+            "phase": "DETECTED",
+            "epoch": entries[0][2],
+            "at_ms": 0.0,
+            "duration_ms": round((entries[0][1] - detected) * 1000, 1),
+        }
+    ]
+    for i, (phase, at, epoch) in enumerate(entries):
+        end = entries[i + 1][1] if i + 1 < len(entries) else None
+        rows.append(
+            {
+                "phase": phase,
+                "epoch": epoch,
+                "at_ms": round((at - detected) * 1000, 1),
+                "duration_ms": round((end - at) * 1000, 1) if end is not None else None,
+            }
+        )
+    return {
+        "recovery": rec.recovery_id,
+        "strategy": rec.strategy,
+        "fault_ranks": sorted({f.rank for f in rec.faults}),
+        "detected_at": _iso(detected),
+        "total_ms": round((entries[-1][1] - detected) * 1000, 1),
+        "phases": rows,
+    }
+
+
+def format_timeline(data: dict[str, Any] | None) -> str:
+    if data is None:
+        return "no recovery so far"
+    lines = [
+        f"recovery {data['recovery']}: ranks {data['fault_ranks']}, strategy {data['strategy'] or '-'},"
+        f" fault detected {data['detected_at']}, {data['total_ms']:.1f} ms to the last phase",
+        f"{'PHASE':<14} {'EPOCH':>5} {'AT (ms)':>9} {'TOOK (ms)':>10}",
+    ]
+    for row in data["phases"]:
+        took = "-" if row["duration_ms"] is None else f"{row['duration_ms']:.1f}"
+        lines.append(f"{row['phase']:<14} {row['epoch']:>5} {row['at_ms']:>9.1f} {took:>10}")
+    return "\n".join(lines)
+
+
 async def _run(args: argparse.Namespace) -> int:
     keys = Keyspace(args.prefix)
     async with Store(args.etcd, connect_timeout_s=args.timeout, op_timeout_s=args.timeout) as store:
@@ -170,6 +220,9 @@ async def _run(args: argparse.Namespace) -> int:
             else:
                 for event in evs:
                     print(format_event(event))
+        elif args.cmd == "timeline":
+            timeline = timeline_dict(view)
+            print(json.dumps(timeline, indent=2) if args.json else format_timeline(timeline))
         elif args.cmd == "decisions":
             decisions = [view.decisions[e] for e in sorted(view.decisions)]
             if args.json:
@@ -196,6 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("status", "ranks and the current recovery of a job"),
         ("events", "the event log of a job, oldest first"),
         ("decisions", "the strategy decisions of a job, with reasons"),
+        ("timeline", "the last recovery of a job phase by phase, with durations"),
     ):
         cmd = sub.add_parser(name, help=text)
         cmd.add_argument("job")

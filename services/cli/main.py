@@ -22,7 +22,8 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from recoverd import __version__
 from recoverd.agent.agent import AgentSettings, NodeAgent, become_subreaper
@@ -44,7 +45,7 @@ class ShutdownRequested(Exception):
     """SIGTERM/SIGINT reached a service: the task group unwinds and the service exits 0."""
 
 
-def _positive(kind: type) -> object:
+def _positive(kind: type) -> Callable[[str], Any]:
     def parse(text: str) -> object:
         try:
             value = kind(text)

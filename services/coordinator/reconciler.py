@@ -53,6 +53,7 @@ from recoverd.jobview import JobView, read_job
 from recoverd.keys import Keyspace, RunRef
 from recoverd.records import encode, pb, ts_from_s, ts_to_s
 from recoverd.store import (
+    Compare,
     Delete,
     DeletePrefix,
     ModRevisionAtMost,
@@ -393,7 +394,7 @@ class Coordinator:
                 command = pb.Command(
                     epoch=rec.epoch,
                     seq=effect.seq,
-                    action=pb.CommandAction.Value(f"ACTION_{effect.action}"),
+                    action=getattr(pb, f"ACTION_{effect.action}"),
                     ranks=list(effect.ranks),
                     strategy=effect.strategy,
                     issued_at=ts_from_s(now),
@@ -437,7 +438,7 @@ class Coordinator:
     async def _commit(self, view: JobView, ops: list[Op], ev: list[Put]) -> None:
         """Apply one pass's writes atomically, fenced by leadership and the read revision."""
         assert view.spec is not None
-        fence = [
+        fence: list[Compare] = [
             ValueIs(self.keys.leader(), self._leader_value),
             ModRevisionAtMost(self.keys.job_prefix(view.spec.name), view.revision, is_prefix=True),
         ]

@@ -43,6 +43,7 @@ from recoverd.keys import Keyspace, RunRef
 from recoverd.records import decode, encode, pb, ts_from_s
 from recoverd.store import (
     Absent,
+    Compare,
     DeletePrefix,
     LeaseKeeper,
     ModRevisionAtMost,
@@ -283,7 +284,7 @@ class NodeAgent:
                         raise JobSpecMismatch(f"node {self.settings.node} is already registered in job {job}")
                     run = view.run
                     ops.append(Put(self.keys.node(run, self.settings.node), encode(self._node_record()), lease_id))
-                    compare = [
+                    compare: list[Compare] = [
                         Absent(self.keys.node(run, self.settings.node)),
                         ModRevisionAtMost(self.keys.job_spec(job), view.revision),
                     ]

@@ -31,6 +31,7 @@ class JobView:
     recovery: pb.Recovery | None = None
     history: pb.History | None = None
     nodes: dict[str, pb.NodeRecord] = field(default_factory=dict)
+    clients: dict[str, pb.ClientRecord] = field(default_factory=dict)
     ranks: dict[str, pb.NodeRanks] = field(default_factory=dict)
     faults: dict[str, pb.Fault] = field(default_factory=dict)
     reports: dict[str, pb.Report] = field(default_factory=dict)
@@ -47,6 +48,7 @@ _DECODERS: dict[KeyKind, type] = {
     KeyKind.RECOVERY: pb.Recovery,
     KeyKind.HISTORY: pb.History,
     KeyKind.NODE: pb.NodeRecord,
+    KeyKind.CLIENT: pb.ClientRecord,
     KeyKind.RANKS: pb.NodeRanks,
     KeyKind.FAULT: pb.Fault,
     KeyKind.REPORT: pb.Report,
@@ -100,6 +102,8 @@ async def read_job(store: Store, keys: Keyspace, job: str) -> JobView:
             view.history = msg
         elif ref.kind is KeyKind.NODE:
             view.nodes[ref.name] = msg
+        elif ref.kind is KeyKind.CLIENT:
+            view.clients[ref.name] = msg
         elif ref.kind is KeyKind.RANKS:
             view.ranks[ref.name] = msg
         elif ref.kind is KeyKind.FAULT:

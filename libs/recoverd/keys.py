@@ -12,6 +12,7 @@ Layout under the versioned prefix (default ``/recoverd/v1``)::
     jobs/<job>/runs/<uid>/recovery             Recovery      coordinator
     jobs/<job>/runs/<uid>/history              History       coordinator
     jobs/<job>/runs/<uid>/nodes/<node>         NodeRecord    agent (leased)
+    jobs/<job>/runs/<uid>/clients/<client>     ClientRecord  recovery client (leased)
     jobs/<job>/runs/<uid>/ranks/<node>         NodeRanks     agent
     jobs/<job>/runs/<uid>/faults/<fault_id>    Fault         agent / client; deleted by coordinator
     jobs/<job>/runs/<uid>/reports/<participant>/<kind>  Report  agent / client
@@ -68,6 +69,7 @@ class KeyKind(StrEnum):
     RECOVERY = "recovery"
     HISTORY = "history"
     NODE = "nodes"
+    CLIENT = "clients"
     RANKS = "ranks"
     FAULT = "faults"
     REPORT = "reports"
@@ -81,6 +83,7 @@ class KeyKind(StrEnum):
 _RUN_SINGLETONS = {KeyKind.STATUS, KeyKind.RECOVERY, KeyKind.HISTORY}
 _RUN_COLLECTIONS = {
     KeyKind.NODE,
+    KeyKind.CLIENT,
     KeyKind.RANKS,
     KeyKind.FAULT,
     KeyKind.DECISION,
@@ -152,6 +155,12 @@ class Keyspace:
 
     def node(self, run: RunRef, node: str) -> str:
         return f"{self.nodes_prefix(run)}{check_id('node', node)}"
+
+    def clients_prefix(self, run: RunRef) -> str:
+        return f"{self.run_prefix(run)}clients/"
+
+    def client(self, run: RunRef, client_id: str) -> str:
+        return f"{self.clients_prefix(run)}{check_id('client', client_id)}"
 
     def ranks_prefix(self, run: RunRef) -> str:
         return f"{self.run_prefix(run)}ranks/"

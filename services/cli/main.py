@@ -308,13 +308,15 @@ async def _main_async(args: argparse.Namespace) -> int:
         settings = _agent_settings(args, args.etcd, args.job, args.nnodes, args.node_rank)
         async with Store(args.etcd) as store:
             return await NodeAgent(store, keys, settings).run()
+    job = getattr(args, "job", None) or f"job-{os.getpid()}"
+    if args.cmd == "run":
+        _agent_settings(args, "", job, 1, 0)  # bad input is refused before anything is started
     etcd = _Etcd(args)
     async with etcd as endpoint, Store(endpoint) as store:
         if args.cmd == "up":
             print(f"recoverd control plane up; etcd at {endpoint}  (export RECOVERD_ETCD={endpoint})", flush=True)
             return await _serve(store, keys, args, coordinator=True, strategy=True)
         become_subreaper()
-        job = args.job or f"job-{os.getpid()}"
         settings = _agent_settings(args, endpoint, job, 1, 0)
         print(
             f"recoverd run: job {job}, {settings.nproc_per_node} rank(s), etcd {endpoint}, logs in {settings.log_dir}",

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from recoverd import events
+from recoverd import events, participants
 from recoverd.aiotools import leaf_errors, supervised_group
 from recoverd.coordinator.codec import fault_from_pb, recovery_from_pb, recovery_to_pb
 from recoverd.coordinator.recovery import (
@@ -65,7 +65,7 @@ from recoverd.store import (
 )
 from recoverd.workqueue import WorkQueue
 
-__all__ = ["Coordinator", "CoordinatorSettings", "participant_of_node"]
+__all__ = ["Coordinator", "CoordinatorSettings", "live_participants"]
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +88,12 @@ class CoordinatorSettings:
     signal_cap: int = 64
 
 
-def participant_of_node(node: str) -> str:
-    return f"agent.{node}"
+def live_participants(view: JobView) -> frozenset[str]:
+    """Who answers a recovery: the job's live clients if it has any (MindCluster style, one
+    controller per job), otherwise each live node agent for its own ranks."""
+    if view.clients:
+        return frozenset(participants.of_client(c) for c in view.clients)
+    return frozenset(participants.of_node(n) for n in view.nodes)
 
 
 class Coordinator:
@@ -243,10 +247,11 @@ class Coordinator:
         if view.status is not None and view.status.state in (pb.JOB_SUCCEEDED, pb.JOB_FAILED):
             finished = ts_to_s(view.status.finished_at)
             if now - finished >= self.settings.retention_s:
+                # The whole job goes: its record, every run's keys and its events.
                 await self._commit(
-                    view, [DeletePrefix(self.keys.run_prefix(run)), DeletePrefix(self.keys.events_prefix(run))], []
+                    view, [DeletePrefix(self.keys.job_prefix(job)), DeletePrefix(self.keys.job_events_prefix(job))], []
                 )
-                log.info("removed finished run %s/%s after the retention period", job, run.uid)
+                log.info("removed finished job %s (run %s) after the retention period", job, run.uid)
             else:
                 if ops or ev:
                     await self._commit(view, ops, ev)
@@ -267,7 +272,7 @@ class Coordinator:
                 return
             effects.extend(produced)
 
-        live = frozenset(participant_of_node(n) for n in view.nodes)
+        live = live_participants(view)
         world = view.spec.world_size
         generations = {r.rank: r.generation for nr in view.ranks.values() for r in nr.ranks}
 

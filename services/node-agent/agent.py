@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from recoverd import events
+from recoverd import events, participants
 from recoverd.agent.launcher import ExitInfo, Launcher, RankLaunch, RankProcess, read_tail
 from recoverd.errors import BadRecord, EtcdUnavailable, JobSpecMismatch, LaunchFailed, RecoverdError
 from recoverd.jobview import read_job
@@ -53,7 +53,7 @@ from recoverd.store import (
     Store,
 )
 
-__all__ = ["AgentSettings", "NodeAgent", "become_subreaper", "participant_id"]
+__all__ = ["AgentSettings", "NodeAgent", "become_subreaper"]
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +65,6 @@ EXIT_FAILED = 1
 EXIT_REFUSED = 2
 EXIT_SIGTERM = 143
 EXIT_SIGINT = 130
-
-
-def participant_id(node: str) -> str:
-    return f"agent.{node}"
 
 
 def become_subreaper() -> bool:
@@ -154,7 +150,7 @@ class NodeAgent:
         self.keys = keys
         self.settings = settings
         self._protected_pids = protected_pids
-        self.participant = participant_id(settings.node)
+        self.participant = participants.of_node(settings.node)
         self.slots = {rank: RankSlot(rank, local) for local, rank in enumerate(settings.local_ranks)}
         self.spec: pb.JobSpec | None = None
         self.run_ref: RunRef | None = None
@@ -218,6 +214,12 @@ class NodeAgent:
     async def _finish(self, code: int) -> None:
         """Stop what still runs and flush the final rank states (bounded: etcd may be down)."""
         await self._stop_ranks([s for s in self.slots.values() if s.proc is not None and s.proc.is_running])
+        if self._launcher is not None:
+            killed = self._launcher.kill_strays()
+            if killed:
+                log.warning(
+                    "agent %s: killed %d process(es) left behind by ranks: %s", self.settings.node, len(killed), killed
+                )
         with contextlib.suppress(RecoverdError, TimeoutError):
             async with asyncio.timeout(2.0):
                 await self._flush()
@@ -282,6 +284,11 @@ class NodeAgent:
                         raise JobSpecMismatch(f"job {job} (run {spec.uid}) is running with another spec: {why}")
                     if self.settings.node in view.nodes:
                         raise JobSpecMismatch(f"node {self.settings.node} is already registered in job {job}")
+                    taken = [n for n, rec in view.nodes.items() if rec.node_rank == self.settings.node_rank]
+                    if taken:
+                        raise JobSpecMismatch(
+                            f"node rank {self.settings.node_rank} of job {job} is already taken by node {taken[0]}"
+                        )
                     run = view.run
                     ops.append(Put(self.keys.node(run, self.settings.node), encode(self._node_record()), lease_id))
                     compare: list[Compare] = [
@@ -317,7 +324,7 @@ class NodeAgent:
 
     @property
     def source(self) -> str:
-        return f"agent.{self.settings.node}"
+        return self.participant
 
     # ---------------------------------------------------------------- ranks
     def _rank_env(self, slot: RankSlot) -> dict[str, str]:

@@ -200,6 +200,23 @@ class Launcher:
     async def stop_all(self, grace_s: float) -> None:
         await asyncio.gather(*(self.stop(p, grace_s) for p in list(self._procs)))
 
+    def kill_strays(self) -> list[int]:
+        """SIGKILL and reap every untracked child: descendants of our ranks that escaped their group.
+
+        We are a subreaper, so only our own descendants can be re-parented to us; a rank's child
+        that called setsid() outlives the group kill and lands here when the rank dies. Called when
+        the agent ends, so nothing it started outlives it. Protected children are never touched.
+        """
+        protected = self._protected_pids()
+        strays = [
+            child for child in psutil.Process().children() if not self.owns(child.pid) and child.pid not in protected
+        ]
+        for child in strays:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+        psutil.wait_procs(strays, timeout=2.0)
+        return [child.pid for child in strays]
+
     def reap_strays(self) -> list[int]:
         """Reap zombies re-parented to us (we are a subreaper): descendants of ranks that outlived them.
 

@@ -1,10 +1,8 @@
-from collections.abc import Iterable as _Iterable
-from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar
-
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from google.protobuf.internal import containers as _containers
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -14,7 +12,7 @@ class Status(_message.Message):
     INFO_FIELD_NUMBER: _ClassVar[int]
     code: int
     info: str
-    def __init__(self, code: int | None = ..., info: str | None = ...) -> None: ...
+    def __init__(self, code: _Optional[int] = ..., info: _Optional[str] = ...) -> None: ...
 
 class ClientInfo(_message.Message):
     __slots__ = ("jobId", "role")
@@ -22,18 +20,18 @@ class ClientInfo(_message.Message):
     ROLE_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     role: str
-    def __init__(self, jobId: str | None = ..., role: str | None = ...) -> None: ...
+    def __init__(self, jobId: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
 
 class FaultRank(_message.Message):
-    __slots__ = ("faultType", "rankId")
+    __slots__ = ("rankId", "faultType")
     RANKID_FIELD_NUMBER: _ClassVar[int]
     FAULTTYPE_FIELD_NUMBER: _ClassVar[int]
     rankId: str
     faultType: str
-    def __init__(self, rankId: str | None = ..., faultType: str | None = ...) -> None: ...
+    def __init__(self, rankId: _Optional[str] = ..., faultType: _Optional[str] = ...) -> None: ...
 
 class ProcessManageSignal(_message.Message):
-    __slots__ = ("actions", "changeStrategy", "extraParams", "faultRanks", "jobId", "nodeRankIds", "signalType", "timeout", "uuid")
+    __slots__ = ("uuid", "jobId", "signalType", "actions", "faultRanks", "changeStrategy", "timeout", "nodeRankIds", "extraParams")
     UUID_FIELD_NUMBER: _ClassVar[int]
     JOBID_FIELD_NUMBER: _ClassVar[int]
     SIGNALTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -52,30 +50,30 @@ class ProcessManageSignal(_message.Message):
     timeout: int
     nodeRankIds: _containers.RepeatedScalarFieldContainer[str]
     extraParams: str
-    def __init__(self, uuid: str | None = ..., jobId: str | None = ..., signalType: str | None = ..., actions: _Iterable[str] | None = ..., faultRanks: _Iterable[FaultRank | _Mapping] | None = ..., changeStrategy: str | None = ..., timeout: int | None = ..., nodeRankIds: _Iterable[str] | None = ..., extraParams: str | None = ...) -> None: ...
+    def __init__(self, uuid: _Optional[str] = ..., jobId: _Optional[str] = ..., signalType: _Optional[str] = ..., actions: _Optional[_Iterable[str]] = ..., faultRanks: _Optional[_Iterable[_Union[FaultRank, _Mapping]]] = ..., changeStrategy: _Optional[str] = ..., timeout: _Optional[int] = ..., nodeRankIds: _Optional[_Iterable[str]] = ..., extraParams: _Optional[str] = ...) -> None: ...
 
 class StopCompleteRequest(_message.Message):
-    __slots__ = ("faultRanks", "jobId", "status")
+    __slots__ = ("jobId", "status", "faultRanks")
     JOBID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     FAULTRANKS_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     status: Status
     faultRanks: _containers.RepeatedCompositeFieldContainer[FaultRank]
-    def __init__(self, jobId: str | None = ..., status: Status | _Mapping | None = ..., faultRanks: _Iterable[FaultRank | _Mapping] | None = ...) -> None: ...
+    def __init__(self, jobId: _Optional[str] = ..., status: _Optional[_Union[Status, _Mapping]] = ..., faultRanks: _Optional[_Iterable[_Union[FaultRank, _Mapping]]] = ...) -> None: ...
 
 class RecoverStrategyRequest(_message.Message):
-    __slots__ = ("faultRanks", "jobId", "strategies")
+    __slots__ = ("jobId", "faultRanks", "strategies")
     JOBID_FIELD_NUMBER: _ClassVar[int]
     FAULTRANKS_FIELD_NUMBER: _ClassVar[int]
     STRATEGIES_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     faultRanks: _containers.RepeatedCompositeFieldContainer[FaultRank]
     strategies: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, jobId: str | None = ..., faultRanks: _Iterable[FaultRank | _Mapping] | None = ..., strategies: _Iterable[str] | None = ...) -> None: ...
+    def __init__(self, jobId: _Optional[str] = ..., faultRanks: _Optional[_Iterable[_Union[FaultRank, _Mapping]]] = ..., strategies: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RecoverStatusRequest(_message.Message):
-    __slots__ = ("isolateRankIds", "jobId", "status", "strategy")
+    __slots__ = ("jobId", "status", "strategy", "isolateRankIds")
     JOBID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
@@ -84,15 +82,15 @@ class RecoverStatusRequest(_message.Message):
     status: Status
     strategy: str
     isolateRankIds: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, jobId: str | None = ..., status: Status | _Mapping | None = ..., strategy: str | None = ..., isolateRankIds: _Iterable[str] | None = ...) -> None: ...
+    def __init__(self, jobId: _Optional[str] = ..., status: _Optional[_Union[Status, _Mapping]] = ..., strategy: _Optional[str] = ..., isolateRankIds: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ProcessFaultRequest(_message.Message):
-    __slots__ = ("faultRanks", "jobId")
+    __slots__ = ("jobId", "faultRanks")
     JOBID_FIELD_NUMBER: _ClassVar[int]
     FAULTRANKS_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     faultRanks: _containers.RepeatedCompositeFieldContainer[FaultRank]
-    def __init__(self, jobId: str | None = ..., faultRanks: _Iterable[FaultRank | _Mapping] | None = ...) -> None: ...
+    def __init__(self, jobId: _Optional[str] = ..., faultRanks: _Optional[_Iterable[_Union[FaultRank, _Mapping]]] = ...) -> None: ...
 
 class SwitchNicResponse(_message.Message):
     __slots__ = ("jobID", "msg")
@@ -100,13 +98,13 @@ class SwitchNicResponse(_message.Message):
     MSG_FIELD_NUMBER: _ClassVar[int]
     jobID: str
     msg: str
-    def __init__(self, jobID: str | None = ..., msg: str | None = ...) -> None: ...
+    def __init__(self, jobID: _Optional[str] = ..., msg: _Optional[str] = ...) -> None: ...
 
 class SwitchNicRequest(_message.Message):
     __slots__ = ("jobID",)
     JOBID_FIELD_NUMBER: _ClassVar[int]
     jobID: str
-    def __init__(self, jobID: str | None = ...) -> None: ...
+    def __init__(self, jobID: _Optional[str] = ...) -> None: ...
 
 class SwitchNics(_message.Message):
     __slots__ = ("jobID", "nicOps")
@@ -116,12 +114,12 @@ class SwitchNics(_message.Message):
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: DeviceList
-        def __init__(self, key: str | None = ..., value: DeviceList | _Mapping | None = ...) -> None: ...
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[DeviceList, _Mapping]] = ...) -> None: ...
     JOBID_FIELD_NUMBER: _ClassVar[int]
     NICOPS_FIELD_NUMBER: _ClassVar[int]
     jobID: str
     nicOps: _containers.MessageMap[str, DeviceList]
-    def __init__(self, jobID: str | None = ..., nicOps: _Mapping[str, DeviceList] | None = ...) -> None: ...
+    def __init__(self, jobID: _Optional[str] = ..., nicOps: _Optional[_Mapping[str, DeviceList]] = ...) -> None: ...
 
 class DeviceList(_message.Message):
     __slots__ = ("dev", "op")
@@ -129,17 +127,17 @@ class DeviceList(_message.Message):
     OP_FIELD_NUMBER: _ClassVar[int]
     dev: _containers.RepeatedScalarFieldContainer[str]
     op: _containers.RepeatedScalarFieldContainer[bool]
-    def __init__(self, dev: _Iterable[str] | None = ..., op: _Iterable[bool] | None = ...) -> None: ...
+    def __init__(self, dev: _Optional[_Iterable[str]] = ..., op: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class SwitchRankList(_message.Message):
-    __slots__ = ("jobId", "op", "rankID")
+    __slots__ = ("rankID", "op", "jobId")
     RANKID_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
     JOBID_FIELD_NUMBER: _ClassVar[int]
     rankID: _containers.RepeatedScalarFieldContainer[str]
     op: _containers.RepeatedScalarFieldContainer[bool]
     jobId: str
-    def __init__(self, rankID: _Iterable[str] | None = ..., op: _Iterable[bool] | None = ..., jobId: str | None = ...) -> None: ...
+    def __init__(self, rankID: _Optional[_Iterable[str]] = ..., op: _Optional[_Iterable[bool]] = ..., jobId: _Optional[str] = ...) -> None: ...
 
 class SwitchResult(_message.Message):
     __slots__ = ("jobId", "result")
@@ -147,36 +145,36 @@ class SwitchResult(_message.Message):
     RESULT_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     result: bool
-    def __init__(self, jobId: str | None = ..., result: bool | None = ...) -> None: ...
+    def __init__(self, jobId: _Optional[str] = ..., result: _Optional[bool] = ...) -> None: ...
 
 class StressOpList(_message.Message):
     __slots__ = ("ops",)
     OPS_FIELD_NUMBER: _ClassVar[int]
     ops: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, ops: _Iterable[int] | None = ...) -> None: ...
+    def __init__(self, ops: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StressTestParam(_message.Message):
-    __slots__ = ("allNodesOps", "jobID", "stressParam")
+    __slots__ = ("jobID", "stressParam", "allNodesOps")
     class StressParamEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: StressOpList
-        def __init__(self, key: str | None = ..., value: StressOpList | _Mapping | None = ...) -> None: ...
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[StressOpList, _Mapping]] = ...) -> None: ...
     JOBID_FIELD_NUMBER: _ClassVar[int]
     STRESSPARAM_FIELD_NUMBER: _ClassVar[int]
     ALLNODESOPS_FIELD_NUMBER: _ClassVar[int]
     jobID: str
     stressParam: _containers.MessageMap[str, StressOpList]
     allNodesOps: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, jobID: str | None = ..., stressParam: _Mapping[str, StressOpList] | None = ..., allNodesOps: _Iterable[int] | None = ...) -> None: ...
+    def __init__(self, jobID: _Optional[str] = ..., stressParam: _Optional[_Mapping[str, StressOpList]] = ..., allNodesOps: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StressTestRequest(_message.Message):
     __slots__ = ("jobID",)
     JOBID_FIELD_NUMBER: _ClassVar[int]
     jobID: str
-    def __init__(self, jobID: str | None = ...) -> None: ...
+    def __init__(self, jobID: _Optional[str] = ...) -> None: ...
 
 class StressTestResponse(_message.Message):
     __slots__ = ("jobID", "msg")
@@ -184,22 +182,22 @@ class StressTestResponse(_message.Message):
     MSG_FIELD_NUMBER: _ClassVar[int]
     jobID: str
     msg: str
-    def __init__(self, jobID: str | None = ..., msg: str | None = ...) -> None: ...
+    def __init__(self, jobID: _Optional[str] = ..., msg: _Optional[str] = ...) -> None: ...
 
 class StressTestRankParams(_message.Message):
-    __slots__ = ("jobId", "stressParam")
+    __slots__ = ("stressParam", "jobId")
     class StressParamEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: StressOpList
-        def __init__(self, key: str | None = ..., value: StressOpList | _Mapping | None = ...) -> None: ...
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[StressOpList, _Mapping]] = ...) -> None: ...
     STRESSPARAM_FIELD_NUMBER: _ClassVar[int]
     JOBID_FIELD_NUMBER: _ClassVar[int]
     stressParam: _containers.MessageMap[str, StressOpList]
     jobId: str
-    def __init__(self, stressParam: _Mapping[str, StressOpList] | None = ..., jobId: str | None = ...) -> None: ...
+    def __init__(self, stressParam: _Optional[_Mapping[str, StressOpList]] = ..., jobId: _Optional[str] = ...) -> None: ...
 
 class StressTestResult(_message.Message):
     __slots__ = ("jobId", "stressResult")
@@ -209,12 +207,12 @@ class StressTestResult(_message.Message):
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: StressTestRankResult
-        def __init__(self, key: str | None = ..., value: StressTestRankResult | _Mapping | None = ...) -> None: ...
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[StressTestRankResult, _Mapping]] = ...) -> None: ...
     JOBID_FIELD_NUMBER: _ClassVar[int]
     STRESSRESULT_FIELD_NUMBER: _ClassVar[int]
     jobId: str
     stressResult: _containers.MessageMap[str, StressTestRankResult]
-    def __init__(self, jobId: str | None = ..., stressResult: _Mapping[str, StressTestRankResult] | None = ...) -> None: ...
+    def __init__(self, jobId: _Optional[str] = ..., stressResult: _Optional[_Mapping[str, StressTestRankResult]] = ...) -> None: ...
 
 class StressTestRankResult(_message.Message):
     __slots__ = ("rankResult",)
@@ -224,10 +222,10 @@ class StressTestRankResult(_message.Message):
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: StressTestOpResult
-        def __init__(self, key: str | None = ..., value: StressTestOpResult | _Mapping | None = ...) -> None: ...
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[StressTestOpResult, _Mapping]] = ...) -> None: ...
     RANKRESULT_FIELD_NUMBER: _ClassVar[int]
     rankResult: _containers.MessageMap[str, StressTestOpResult]
-    def __init__(self, rankResult: _Mapping[str, StressTestOpResult] | None = ...) -> None: ...
+    def __init__(self, rankResult: _Optional[_Mapping[str, StressTestOpResult]] = ...) -> None: ...
 
 class StressTestOpResult(_message.Message):
     __slots__ = ("code", "result")
@@ -235,4 +233,4 @@ class StressTestOpResult(_message.Message):
     RESULT_FIELD_NUMBER: _ClassVar[int]
     code: str
     result: str
-    def __init__(self, code: str | None = ..., result: str | None = ...) -> None: ...
+    def __init__(self, code: _Optional[str] = ..., result: _Optional[str] = ...) -> None: ...

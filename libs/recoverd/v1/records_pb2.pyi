@@ -1,13 +1,12 @@
 import datetime
-from collections.abc import Iterable as _Iterable
-from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar
 
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -90,7 +89,7 @@ ACTION_RESTART_ALL: CommandAction
 ACTION_STOP_ALL: CommandAction
 
 class Policy(_message.Message):
-    __slots__ = ("max_job_restarts", "max_rank_restarts", "restart_window_s", "strategies")
+    __slots__ = ("strategies", "max_rank_restarts", "max_job_restarts", "restart_window_s")
     STRATEGIES_FIELD_NUMBER: _ClassVar[int]
     MAX_RANK_RESTARTS_FIELD_NUMBER: _ClassVar[int]
     MAX_JOB_RESTARTS_FIELD_NUMBER: _ClassVar[int]
@@ -99,10 +98,10 @@ class Policy(_message.Message):
     max_rank_restarts: int
     max_job_restarts: int
     restart_window_s: float
-    def __init__(self, strategies: _Iterable[str] | None = ..., max_rank_restarts: int | None = ..., max_job_restarts: int | None = ..., restart_window_s: float | None = ...) -> None: ...
+    def __init__(self, strategies: _Optional[_Iterable[str]] = ..., max_rank_restarts: _Optional[int] = ..., max_job_restarts: _Optional[int] = ..., restart_window_s: _Optional[float] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("created_at", "created_by", "master_addr", "master_port", "name", "nnodes", "nproc_per_node", "policy", "uid", "world_size")
+    __slots__ = ("name", "uid", "world_size", "nnodes", "nproc_per_node", "master_addr", "master_port", "policy", "created_at", "created_by")
     NAME_FIELD_NUMBER: _ClassVar[int]
     UID_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -123,10 +122,10 @@ class JobSpec(_message.Message):
     policy: Policy
     created_at: _timestamp_pb2.Timestamp
     created_by: str
-    def __init__(self, name: str | None = ..., uid: str | None = ..., world_size: int | None = ..., nnodes: int | None = ..., nproc_per_node: int | None = ..., master_addr: str | None = ..., master_port: int | None = ..., policy: Policy | _Mapping | None = ..., created_at: datetime.datetime | _timestamp_pb2.Timestamp | _Mapping | None = ..., created_by: str | None = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., uid: _Optional[str] = ..., world_size: _Optional[int] = ..., nnodes: _Optional[int] = ..., nproc_per_node: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_by: _Optional[str] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("finished_at", "reason", "state", "uid")
+    __slots__ = ("uid", "state", "reason", "finished_at")
     UID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
@@ -135,10 +134,10 @@ class JobStatus(_message.Message):
     state: JobState
     reason: str
     finished_at: _timestamp_pb2.Timestamp
-    def __init__(self, uid: str | None = ..., state: JobState | str | None = ..., reason: str | None = ..., finished_at: datetime.datetime | _timestamp_pb2.Timestamp | _Mapping | None = ...) -> None: ...
+    def __init__(self, uid: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class NodeRecord(_message.Message):
-    __slots__ = ("agent_pid", "host", "is_spare", "node", "node_rank", "ranks", "registered_at")
+    __slots__ = ("node", "node_rank", "host", "agent_pid", "ranks", "registered_at", "is_spare")
     NODE_FIELD_NUMBER: _ClassVar[int]
     NODE_RANK_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -153,10 +152,10 @@ class NodeRecord(_message.Message):
     ranks: _containers.RepeatedScalarFieldContainer[int]
     registered_at: _timestamp_pb2.Timestamp
     is_spare: bool
-    def __init__(self, node: str | None = ..., node_rank: int | None = ..., host: str | None = ..., agent_pid: int | None = ..., ranks: _Iterable[int] | None = ..., registered_at: datetime.datetime | _timestamp_pb2.Timestamp | _Mapping | None = ..., is_spare: bool | None = ...) -> None: ...
+    def __init__(self, node: _Optional[str] = ..., node_rank: _Optional[int] = ..., host: _Optional[str] = ..., agent_pid: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ..., registered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., is_spare: _Optional[bool] = ...) -> None: ...
 
 class RankStatus(_message.Message):
-    __slots__ = ("exit_code", "generation", "local_rank", "node", "pid", "rank", "restart_count", "signal", "started_at", "state")
+    __slots__ = ("rank", "local_rank", "pid", "state", "generation", "restart_count", "exit_code", "signal", "started_at", "node")
     RANK_FIELD_NUMBER: _ClassVar[int]
     LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
@@ -177,7 +176,7 @@ class RankStatus(_message.Message):
     signal: int
     started_at: _timestamp_pb2.Timestamp
     node: str
-    def __init__(self, rank: int | None = ..., local_rank: int | None = ..., pid: int | None = ..., state: RankState | str | None = ..., generation: int | None = ..., restart_count: int | None = ..., exit_code: int | None = ..., signal: int | None = ..., started_at: datetime.datetime | _timestamp_pb2.Timestamp | _Mapping | None = ..., node: str | None = ...) -> None: ...
+    def __init__(self, rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[RankState, str]] = ..., generation: _Optional[int] = ..., restart_count: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., node: _Optional[str] = ...) -> None: ...
 
 class NodeRanks(_message.Message):
     __slots__ = ("node", "ranks", "updated_at")
@@ -187,10 +186,26 @@ class NodeRanks(_message.Message):
     node: str
     ranks: _containers.RepeatedCompositeFieldContainer[RankStatus]
     updated_at: _timestamp_pb2.Timestamp
-    def __init__(self, node: str | None = ..., ranks: _Iterable[RankStatus | _Mapping] | None = ..., updated_at: datetime.datetime | _timestamp_pb2.Timestamp | _Mapping | None = ...) -> None: ...
+    def __init__(self, node: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankStatus, _Mapping]]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ClientRecord(_message.Message):
+    __slots__ = ("client_id", "role", "host", "pid", "ranks", "registered_at")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_AT_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    role: str
+    host: str
+    pid: int
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    registered_at: _timestamp_pb2.Timestamp
+    def __init__(self, client_id: _Optional[str] = ..., role: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ..., registered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Fault(_message.Message):
-    __slots__ = ("detail", "detected_at", "exit_code", "fault_id", "fault_type", "generation", "node", "rank", "signal", "source", "stderr_tail")
+    __slots__ = ("fault_id", "rank", "node", "fault_type", "source", "exit_code", "signal", "stderr_tail", "generation", "detected_at", "detail")
     FAULT_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -213,10 +228,10 @@ class Fault(_message.Message):
     generation: int
     detected_at: _timestamp_pb2.Timestamp
     detail: str
-    def __init__(self, fault_id: str | None = ..., rank: int | None = ..., node: str | None = ..., fault_type: str | None = ..., source: FaultSource | str | None = ..., exit_code: int | None = ..., signal: int | None = ..., stderr_tail: str | None = ..., generation: int | None = ..., detected_at: datetime.datetime | _timestamp_pb2.Timestamp | _Mapping | None = ..., detail: str | None = ...) -> None: ...
+    def __init__(self, fault_id: _Optional[str] = ..., rank: _Optional[int] = ..., node: _Optional[str] = ..., fault_type: _Optional[str] = ..., source: _Optional[_Union[FaultSource, str]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., stderr_tail: _Optional[str] = ..., generation: _Optional[int] = ..., detected_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class Report(_message.Message):
-    __slots__ = ("code", "epoch", "fault_ranks", "kind", "message", "participant", "reported_at", "strategies", "strategy", "uuid")
+    __slots__ = ("participant", "epoch", "uuid", "kind", "code", "message", "strategies", "strategy", "fault_ranks", "reported_at")
     PARTICIPANT_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
@@ -237,28 +252,28 @@ class Report(_message.Message):
     strategy: str
     fault_ranks: _containers.RepeatedScalarFieldContainer[int]
     reported_at: _timestamp_pb2.Timestamp
-    def __init__(self, participant: str | None = ..., epoch: int | None = ..., uuid: str | None = ..., kind: ReportKind | str | None = ..., code: int | None = ..., message: str | None = ..., strategies: _Iterable[str] | None = ..., strategy: str | None = ..., fault_ranks: _Iterable[int] | None = ..., reported_at: datetime.datetime | _timestamp_pb2.Timestamp | _Mapping | None = ...) -> None: ...
+    def __init__(self, participant: _Optional[str] = ..., epoch: _Optional[int] = ..., uuid: _Optional[str] = ..., kind: _Optional[_Union[ReportKind, str]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., strategies: _Optional[_Iterable[str]] = ..., strategy: _Optional[str] = ..., fault_ranks: _Optional[_Iterable[int]] = ..., reported_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class PhaseEntry(_message.Message):
-    __slots__ = ("at", "epoch", "phase")
+    __slots__ = ("phase", "at", "epoch")
     PHASE_FIELD_NUMBER: _ClassVar[int]
     AT_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     phase: Phase
     at: _timestamp_pb2.Timestamp
     epoch: int
-    def __init__(self, phase: Phase | str | None = ..., at: datetime.datetime | _timestamp_pb2.Timestamp | _Mapping | None = ..., epoch: int | None = ...) -> None: ...
+    def __init__(self, phase: _Optional[_Union[Phase, str]] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class FailedStrategy(_message.Message):
-    __slots__ = ("reason", "strategy")
+    __slots__ = ("strategy", "reason")
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     strategy: str
     reason: str
-    def __init__(self, strategy: str | None = ..., reason: str | None = ...) -> None: ...
+    def __init__(self, strategy: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Recovery(_message.Message):
-    __slots__ = ("command_seq", "deadline_at", "decision_reasons", "epoch", "failed_strategies", "faults", "has_supported", "opened_at", "outcome", "participants", "phase", "phase_log", "recovery_id", "reported", "strategy", "supported", "uuid")
+    __slots__ = ("epoch", "uuid", "phase", "opened_at", "deadline_at", "faults", "participants", "strategy", "decision_reasons", "failed_strategies", "phase_log", "command_seq", "outcome", "recovery_id", "reported", "has_supported", "supported")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -293,10 +308,10 @@ class Recovery(_message.Message):
     reported: _containers.RepeatedScalarFieldContainer[str]
     has_supported: bool
     supported: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, epoch: int | None = ..., uuid: str | None = ..., phase: Phase | str | None = ..., opened_at: datetime.datetime | _timestamp_pb2.Timestamp | _Mapping | None = ..., deadline_at: datetime.datetime | _timestamp_pb2.Timestamp | _Mapping | None = ..., faults: _Iterable[Fault | _Mapping] | None = ..., participants: _Iterable[str] | None = ..., strategy: str | None = ..., decision_reasons: _Iterable[str] | None = ..., failed_strategies: _Iterable[FailedStrategy | _Mapping] | None = ..., phase_log: _Iterable[PhaseEntry | _Mapping] | None = ..., command_seq: int | None = ..., outcome: str | None = ..., recovery_id: int | None = ..., reported: _Iterable[str] | None = ..., has_supported: bool | None = ..., supported: _Iterable[str] | None = ...) -> None: ...
+    def __init__(self, epoch: _Optional[int] = ..., uuid: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., opened_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deadline_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., faults: _Optional[_Iterable[_Union[Fault, _Mapping]]] = ..., participants: _Optional[_Iterable[str]] = ..., strategy: _Optional[str] = ..., decision_reasons: _Optional[_Iterable[str]] = ..., failed_strategies: _Optional[_Iterable[_Union[FailedStrategy, _Mapping]]] = ..., phase_log: _Optional[_Iterable[_Union[PhaseEntry, _Mapping]]] = ..., command_seq: _Optional[int] = ..., outcome: _Optional[str] = ..., recovery_id: _Optional[int] = ..., reported: _Optional[_Iterable[str]] = ..., has_supported: _Optional[bool] = ..., supported: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = ("allowed", "candidates", "decided_at", "decided_by", "epoch", "expected_cost_s", "failed_strategies", "fault_ranks", "give_up", "reasons", "strategy")
+    __slots__ = ("epoch", "strategy", "reasons", "give_up", "allowed", "candidates", "fault_ranks", "failed_strategies", "decided_at", "decided_by", "expected_cost_s")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     REASONS_FIELD_NUMBER: _ClassVar[int]
@@ -319,10 +334,10 @@ class Decision(_message.Message):
     decided_at: _timestamp_pb2.Timestamp
     decided_by: str
     expected_cost_s: float
-    def __init__(self, epoch: int | None = ..., strategy: str | None = ..., reasons: _Iterable[str] | None = ..., give_up: bool | None = ..., allowed: _Iterable[str] | None = ..., candidates: _Iterable[str] | None = ..., fault_ranks: _Iterable[int] | None = ..., failed_strategies: _Iterable[str] | None = ..., decided_at: datetime.datetime | _timestamp_pb2.Timestamp | _Mapping | None = ..., decided_by: str | None = ..., expected_cost_s: float | None = ...) -> None: ...
+    def __init__(self, epoch: _Optional[int] = ..., strategy: _Optional[str] = ..., reasons: _Optional[_Iterable[str]] = ..., give_up: _Optional[bool] = ..., allowed: _Optional[_Iterable[str]] = ..., candidates: _Optional[_Iterable[str]] = ..., fault_ranks: _Optional[_Iterable[int]] = ..., failed_strategies: _Optional[_Iterable[str]] = ..., decided_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., decided_by: _Optional[str] = ..., expected_cost_s: _Optional[float] = ...) -> None: ...
 
 class RecoveryOutcome(_message.Message):
-    __slots__ = ("closed_at", "epoch", "ok", "opened_at", "ranks", "strategy")
+    __slots__ = ("epoch", "strategy", "ranks", "opened_at", "closed_at", "ok")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
@@ -335,16 +350,16 @@ class RecoveryOutcome(_message.Message):
     opened_at: _timestamp_pb2.Timestamp
     closed_at: _timestamp_pb2.Timestamp
     ok: bool
-    def __init__(self, epoch: int | None = ..., strategy: str | None = ..., ranks: _Iterable[int] | None = ..., opened_at: datetime.datetime | _timestamp_pb2.Timestamp | _Mapping | None = ..., closed_at: datetime.datetime | _timestamp_pb2.Timestamp | _Mapping | None = ..., ok: bool | None = ...) -> None: ...
+    def __init__(self, epoch: _Optional[int] = ..., strategy: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., opened_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., closed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ok: _Optional[bool] = ...) -> None: ...
 
 class History(_message.Message):
     __slots__ = ("outcomes",)
     OUTCOMES_FIELD_NUMBER: _ClassVar[int]
     outcomes: _containers.RepeatedCompositeFieldContainer[RecoveryOutcome]
-    def __init__(self, outcomes: _Iterable[RecoveryOutcome | _Mapping] | None = ...) -> None: ...
+    def __init__(self, outcomes: _Optional[_Iterable[_Union[RecoveryOutcome, _Mapping]]] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("action", "epoch", "issued_at", "ranks", "seq", "strategy")
+    __slots__ = ("epoch", "seq", "action", "ranks", "strategy", "issued_at")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
@@ -357,10 +372,10 @@ class Command(_message.Message):
     ranks: _containers.RepeatedScalarFieldContainer[int]
     strategy: str
     issued_at: _timestamp_pb2.Timestamp
-    def __init__(self, epoch: int | None = ..., seq: int | None = ..., action: CommandAction | str | None = ..., ranks: _Iterable[int] | None = ..., strategy: str | None = ..., issued_at: datetime.datetime | _timestamp_pb2.Timestamp | _Mapping | None = ...) -> None: ...
+    def __init__(self, epoch: _Optional[int] = ..., seq: _Optional[int] = ..., action: _Optional[_Union[CommandAction, str]] = ..., ranks: _Optional[_Iterable[int]] = ..., strategy: _Optional[str] = ..., issued_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class CommandAck(_message.Message):
-    __slots__ = ("detail", "done_at", "epoch", "ok", "pids", "seq")
+    __slots__ = ("epoch", "seq", "ok", "detail", "done_at", "pids")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
@@ -373,18 +388,18 @@ class CommandAck(_message.Message):
     detail: str
     done_at: _timestamp_pb2.Timestamp
     pids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, epoch: int | None = ..., seq: int | None = ..., ok: bool | None = ..., detail: str | None = ..., done_at: datetime.datetime | _timestamp_pb2.Timestamp | _Mapping | None = ..., pids: _Iterable[int] | None = ...) -> None: ...
+    def __init__(self, epoch: _Optional[int] = ..., seq: _Optional[int] = ..., ok: _Optional[bool] = ..., detail: _Optional[str] = ..., done_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class FaultRankWire(_message.Message):
-    __slots__ = ("fault_type", "rank_id")
+    __slots__ = ("rank_id", "fault_type")
     RANK_ID_FIELD_NUMBER: _ClassVar[int]
     FAULT_TYPE_FIELD_NUMBER: _ClassVar[int]
     rank_id: str
     fault_type: str
-    def __init__(self, rank_id: str | None = ..., fault_type: str | None = ...) -> None: ...
+    def __init__(self, rank_id: _Optional[str] = ..., fault_type: _Optional[str] = ...) -> None: ...
 
 class Signal(_message.Message):
-    __slots__ = ("actions", "change_strategy", "epoch", "extra_params", "fault_ranks", "node_rank_ids", "sent_at", "seq", "signal_type", "timeout", "uuid")
+    __slots__ = ("seq", "epoch", "uuid", "signal_type", "actions", "fault_ranks", "change_strategy", "timeout", "node_rank_ids", "extra_params", "sent_at")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
@@ -407,17 +422,17 @@ class Signal(_message.Message):
     node_rank_ids: _containers.RepeatedScalarFieldContainer[str]
     extra_params: str
     sent_at: _timestamp_pb2.Timestamp
-    def __init__(self, seq: int | None = ..., epoch: int | None = ..., uuid: str | None = ..., signal_type: str | None = ..., actions: _Iterable[str] | None = ..., fault_ranks: _Iterable[FaultRankWire | _Mapping] | None = ..., change_strategy: str | None = ..., timeout: int | None = ..., node_rank_ids: _Iterable[str] | None = ..., extra_params: str | None = ..., sent_at: datetime.datetime | _timestamp_pb2.Timestamp | _Mapping | None = ...) -> None: ...
+    def __init__(self, seq: _Optional[int] = ..., epoch: _Optional[int] = ..., uuid: _Optional[str] = ..., signal_type: _Optional[str] = ..., actions: _Optional[_Iterable[str]] = ..., fault_ranks: _Optional[_Iterable[_Union[FaultRankWire, _Mapping]]] = ..., change_strategy: _Optional[str] = ..., timeout: _Optional[int] = ..., node_rank_ids: _Optional[_Iterable[str]] = ..., extra_params: _Optional[str] = ..., sent_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("at", "data", "epoch", "message", "node", "phase", "rank", "reason", "source")
+    __slots__ = ("at", "source", "reason", "message", "epoch", "phase", "rank", "node", "data")
     class DataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: str
-        def __init__(self, key: str | None = ..., value: str | None = ...) -> None: ...
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     AT_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
@@ -436,7 +451,7 @@ class Event(_message.Message):
     rank: int
     node: str
     data: _containers.ScalarMap[str, str]
-    def __init__(self, at: datetime.datetime | _timestamp_pb2.Timestamp | _Mapping | None = ..., source: str | None = ..., reason: str | None = ..., message: str | None = ..., epoch: int | None = ..., phase: str | None = ..., rank: int | None = ..., node: str | None = ..., data: _Mapping[str, str] | None = ...) -> None: ...
+    def __init__(self, at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., source: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., epoch: _Optional[int] = ..., phase: _Optional[str] = ..., rank: _Optional[int] = ..., node: _Optional[str] = ..., data: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Leader(_message.Message):
     __slots__ = ("holder", "host", "pid", "since")
@@ -448,4 +463,4 @@ class Leader(_message.Message):
     host: str
     pid: int
     since: _timestamp_pb2.Timestamp
-    def __init__(self, holder: str | None = ..., host: str | None = ..., pid: int | None = ..., since: datetime.datetime | _timestamp_pb2.Timestamp | _Mapping | None = ...) -> None: ...
+    def __init__(self, holder: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...

@@ -58,7 +58,8 @@ def main() -> int:
     ]  # fmt: skip
     print("$ recoverd run --job demo --nproc-per-node 4 --strategies recover-in-place,exit -- python worker.py")
     with open(out_path, "w") as out:
-        run = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "GRPC_VERBOSITY": "ERROR"})
+        env = {**os.environ, "GRPC_VERBOSITY": "ERROR"}
+        run = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         endpoint = wait(
             "the embedded etcd",

@@ -14,6 +14,16 @@ import sys
 import time
 
 
+def _spawn_daemon(rank: int) -> None:
+    """Double-fork a process in its own session: it escapes the rank's process group (tests only)."""
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.execvp(sys.executable, [sys.executable, "-c", f"import time; time.sleep(300)  # daemon of rank {rank}"])
+        os._exit(0)
+    os.wait()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=20)
@@ -21,6 +31,7 @@ def main() -> int:
     parser.add_argument("--fail-rank", type=int, default=None, help="this rank exits 3 at start, every attempt")
     parser.add_argument("--fail-once-rank", type=int, default=None, help="this rank exits 3 once, at --fail-at")
     parser.add_argument("--fail-at", type=int, default=2)
+    parser.add_argument("--spawn-daemon", action="store_true", help="leave a setsid() grandchild behind (tests)")
     args = parser.parse_args()
     rank = int(os.environ.get("RANK", "0"))
     restart = int(os.environ.get("RECOVERD_RESTART_COUNT", "0"))
@@ -29,6 +40,8 @@ def main() -> int:
         f" {os.environ.get('RECOVERD_GENERATION')} restart {restart}",
         flush=True,
     )
+    if args.spawn_daemon:
+        _spawn_daemon(rank)
     if args.fail_rank == rank:
         print(f"rank {rank}: failing at start (--fail-rank)", file=sys.stderr, flush=True)
         return 3

@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv proto demo test test-unit lint format typecheck check bench clean fresh-clone-test
+.PHONY: all venv proto demo test test-unit lint format typecheck clean fresh-clone-test
 
 all: test
 
@@ -38,11 +38,11 @@ test-unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check libs services tests examples bench scripts
+	$(VENV)/bin/ruff check libs services tests examples scripts
 
 format: $(STAMP)
-	$(VENV)/bin/ruff format libs services tests examples bench scripts
-	$(VENV)/bin/ruff check --fix libs services tests examples bench scripts
+	$(VENV)/bin/ruff format libs services tests examples scripts
+	$(VENV)/bin/ruff check --fix libs services tests examples scripts
 
 typecheck: $(STAMP)
 	MYPY=$(VENV)/bin/mypy bash scripts/typecheck.sh

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from recoverd import events, participants
 from recoverd.aiotools import leaf_errors, supervised_group
+from recoverd.controller import JobController
 from recoverd.coordinator.codec import fault_from_pb, recovery_from_pb, recovery_to_pb
 from recoverd.coordinator.recovery import (
     DeadlinePassed,
@@ -63,7 +64,6 @@ from recoverd.store import (
     Store,
     ValueIs,
 )
-from recoverd.workqueue import WorkQueue
 
 __all__ = ["Coordinator", "CoordinatorSettings", "live_participants"]
 
@@ -106,7 +106,7 @@ class Coordinator:
         self.identity = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self.is_leader = asyncio.Event()
         self._leader_value = b""
-        self._queue: WorkQueue[str] = WorkQueue()
+        self._jobs = JobController(store, keys, self.reconcile, name="coordinator", fatal=(FenceLost,))
 
     # ---------------------------------------------------------------- leadership
     async def run(self) -> None:
@@ -157,13 +157,13 @@ class Coordinator:
 
     async def _lead(self, lease_lost: asyncio.Event) -> None:
         self.is_leader.set()
-        self._queue = WorkQueue()
+        self._jobs = JobController(self.store, self.keys, self.reconcile, name="coordinator", fatal=(FenceLost,))
         try:
             async with supervised_group() as group:
-                start = await self._enqueue_all()
-                group.create_task(self._watch_jobs(start + 1), name="coordinator-watch")
+                start = await self._jobs.enqueue_all()
+                group.create_task(self._jobs.watch(start + 1), name="coordinator-watch")
                 group.create_task(self._watch_leader(start + 1), name="coordinator-fence")
-                group.create_task(self._worker(), name="coordinator-worker")
+                group.create_task(self._jobs.work(), name="coordinator-worker")
                 group.create_task(self._raise_when(lease_lost), name="coordinator-lease")
         except BaseExceptionGroup as group:
             # Leadership ends; losing the fence or etcd is expected and leads to a new campaign.
@@ -175,7 +175,7 @@ class Coordinator:
                         raise first from None
             raise
         finally:
-            self._queue.close()
+            self._jobs.close()
 
     async def _raise_when(self, lost: asyncio.Event) -> None:
         await lost.wait()
@@ -189,38 +189,6 @@ class Coordinator:
                     raise FenceLost("the leader key changed hands while the watch was down")
             elif item.is_delete or item.value != self._leader_value:
                 raise FenceLost("the leader key was deleted or taken over")
-
-    async def _enqueue_all(self) -> int:
-        snap = await self.store.get_prefix(self.keys.jobs_prefix())
-        for kv in snap.kvs:
-            if job := self.keys.job_of(kv.key):
-                self._queue.add(job)
-        return snap.revision
-
-    async def _watch_jobs(self, start: int) -> None:
-        async for item in self.store.watch_prefix(self.keys.jobs_prefix(), start):
-            if isinstance(item, Resync):
-                await self._enqueue_all()
-                continue
-            if job := self.keys.job_of(item.key):
-                self._queue.add(job)
-
-    async def _worker(self) -> None:
-        while True:
-            job = await self._queue.get()
-            try:
-                await self.reconcile(job)
-                self._queue.forget(job)
-            except FenceLost:
-                raise
-            except RecoverdError as err:
-                delay = self._queue.retry(job)
-                log.info("reconcile of %s: %s; retrying in %.2fs", job, err, delay)
-            except Exception:
-                delay = self._queue.retry(job)
-                log.exception("internal error reconciling %s; retrying in %.2fs", job, delay)
-            finally:
-                self._queue.done(job)
 
     # ---------------------------------------------------------------- one pass
     async def reconcile(self, job: str) -> None:
@@ -255,7 +223,7 @@ class Coordinator:
             else:
                 if ops or ev:
                     await self._commit(view, ops, ev)
-                self._queue.add_after(job, finished + self.settings.retention_s - now)
+                self._jobs.queue.add_after(job, finished + self.settings.retention_s - now)
             return
 
         rec = recovery_from_pb(view.recovery) if view.recovery is not None else Recovery()
@@ -353,7 +321,7 @@ class Coordinator:
         if ops or ev:
             await self._commit(view, ops, ev)
         if rec.deadline_at is not None:
-            self._queue.add_after(job, rec.deadline_at - now)
+            self._jobs.queue.add_after(job, rec.deadline_at - now)
         if rec.phase in (Phase.DONE, Phase.FAILED) and before.phase is not rec.phase:
             await events.prune(self.store, self.keys, run, self.settings.event_cap)
 
@@ -457,4 +425,4 @@ class Coordinator:
         if current is None or current.value != self._leader_value:
             raise FenceLost("a write was rejected: this coordinator no longer holds the leader key")
         # The job changed under us: drop this pass and run it again on a fresh read.
-        self._queue.add(view.spec.name)
+        self._jobs.queue.add(view.spec.name)

@@ -17,13 +17,13 @@ import time
 
 from recoverd import events
 from recoverd.aiotools import leaf_errors, supervised_group
+from recoverd.controller import JobController
 from recoverd.errors import RecoverdError
 from recoverd.jobview import read_job
 from recoverd.keys import Keyspace
 from recoverd.records import encode, pb, ts_from_s, ts_to_s
-from recoverd.store import Absent, Put, Resync, Store
+from recoverd.store import Absent, Put, Store
 from recoverd.strategy.selector import Outcome, PolicyView, Request, choose
-from recoverd.workqueue import WorkQueue
 
 __all__ = ["StrategyService", "request_from_records"]
 
@@ -62,53 +62,25 @@ class StrategyService:
         self.store = store
         self.keys = keys
         self.identity = f"strategy@{socket.gethostname()}:{os.getpid()}"
-        self._queue: WorkQueue[str] = WorkQueue()
 
     async def run(self, retry_s: float = 0.5) -> None:
         """Serve until cancelled; losing etcd restarts the watch and worker after ``retry_s``."""
         while True:
             try:
+                jobs = JobController(self.store, self.keys, self.reconcile, name="strategy")
                 async with supervised_group() as group:
-                    start = await self._enqueue_all()
-                    group.create_task(self._watch(start + 1), name="strategy-watch")
-                    group.create_task(self._worker(), name="strategy-worker")
+                    start = await jobs.enqueue_all()
+                    group.create_task(jobs.watch(start + 1), name="strategy-watch")
+                    group.create_task(jobs.work(), name="strategy-worker")
             except RecoverdError as err:
                 log.warning("strategy service: %s; starting again in %.1fs", err, retry_s)
             except BaseExceptionGroup as group:
                 if not all(isinstance(e, RecoverdError) for e in leaf_errors(group)):
                     raise
                 log.warning("strategy service: %s; starting again in %.1fs", leaf_errors(group)[0], retry_s)
-            await asyncio.sleep(retry_s)
-
-    async def _enqueue_all(self) -> int:
-        snap = await self.store.get_prefix(self.keys.jobs_prefix())
-        for kv in snap.kvs:
-            if job := self.keys.job_of(kv.key):
-                self._queue.add(job)
-        return snap.revision
-
-    async def _watch(self, start: int) -> None:
-        async for item in self.store.watch_prefix(self.keys.jobs_prefix(), start):
-            if isinstance(item, Resync):
-                await self._enqueue_all()
-                continue
-            if job := self.keys.job_of(item.key):
-                self._queue.add(job)
-
-    async def _worker(self) -> None:
-        while True:
-            job = await self._queue.get()
-            try:
-                await self.reconcile(job)
-                self._queue.forget(job)
-            except RecoverdError as err:
-                delay = self._queue.retry(job)
-                log.info("strategy pass for %s: %s; retrying in %.2fs", job, err, delay)
-            except Exception:
-                delay = self._queue.retry(job)
-                log.exception("internal error deciding for %s; retrying in %.2fs", job, delay)
             finally:
-                self._queue.done(job)
+                jobs.close()
+            await asyncio.sleep(retry_s)
 
     async def reconcile(self, job: str) -> None:
         view = await read_job(self.store, self.keys, job)

@@ -1,0 +1,76 @@
+"""The reconcile loop shared by the coordinator and the strategy selector (Kubernetes-controller style).
+
+A watch on ``jobs/`` only enqueues the job a changed key belongs to; a worker takes one job at a
+time from a de-duplicating queue and calls ``reconcile(job)``, which reads the job's current state
+and acts on it. A resync (after a reconnect or a compaction) enqueues every job once, so a missed
+event costs nothing. A pass that fails on bad input or a lost etcd is retried with capped backoff;
+an unexpected exception is logged with its traceback and retried too; exceptions of the ``fatal``
+types (the coordinator's FenceLost) end the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from recoverd.errors import RecoverdError
+from recoverd.keys import Keyspace
+from recoverd.store import Resync, Store
+from recoverd.workqueue import WorkQueue
+
+__all__ = ["JobController"]
+
+log = logging.getLogger(__name__)
+
+
+class JobController:
+    def __init__(
+        self,
+        store: Store,
+        keys: Keyspace,
+        reconcile: Callable[[str], Awaitable[None]],
+        *,
+        name: str,
+        fatal: tuple[type[BaseException], ...] = (),
+    ) -> None:
+        self.store = store
+        self.keys = keys
+        self.reconcile = reconcile
+        self.name = name
+        self.fatal = fatal
+        self.queue: WorkQueue[str] = WorkQueue()
+
+    async def enqueue_all(self) -> int:
+        """Enqueue every job once; return the revision of the read (watch from the next one)."""
+        snap = await self.store.get_prefix(self.keys.jobs_prefix())
+        for kv in snap.kvs:
+            if job := self.keys.job_of(kv.key):
+                self.queue.add(job)
+        return snap.revision
+
+    async def watch(self, start_revision: int) -> None:
+        async for item in self.store.watch_prefix(self.keys.jobs_prefix(), start_revision):
+            if isinstance(item, Resync):
+                await self.enqueue_all()
+            elif job := self.keys.job_of(item.key):
+                self.queue.add(job)
+
+    async def work(self) -> None:
+        while True:
+            job = await self.queue.get()
+            try:
+                await self.reconcile(job)
+                self.queue.forget(job)
+            except self.fatal:
+                raise
+            except RecoverdError as err:
+                delay = self.queue.retry(job)
+                log.info("%s: pass for %s: %s; retrying in %.2fs", self.name, job, err, delay)
+            except Exception:
+                delay = self.queue.retry(job)
+                log.exception("%s: internal error on %s; retrying in %.2fs", self.name, job, delay)
+            finally:
+                self.queue.done(job)
+
+    def close(self) -> None:
+        self.queue.close()

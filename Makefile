@@ -39,6 +39,7 @@ test-unit: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check libs services tests examples scripts
+	$(PY) scripts/gen_state_diagram.py --check
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format libs services tests examples scripts

@@ -394,8 +394,15 @@ class Store:
         await self._call("revoke_lease", lease_id)
 
     # ---------------------------------------------------------------- watches
-    async def watch_prefix(self, prefix: str, start_revision: int) -> AsyncIterator[WatchEvent | Resync]:
-        """Every change under ``prefix`` from ``start_revision`` on, in order, exactly once.
+    def watch_key(self, key: str, start_revision: int) -> AsyncIterator[WatchEvent | Resync]:
+        """Every change of exactly ``key``; otherwise as :meth:`watch_prefix`."""
+        return self.watch_prefix(key, start_revision, exact=True)
+
+    async def watch_prefix(
+        self, prefix: str, start_revision: int, *, exact: bool = False
+    ) -> AsyncIterator[WatchEvent | Resync]:
+        """Every change under ``prefix`` (or of exactly that key, with ``exact``) from
+        ``start_revision`` on, in order, exactly once.
 
         Survives etcd restarts and lost connections (resumes from the last ``mod_revision + 1``);
         after compaction it continues from the compaction point. Either way it yields one
@@ -412,7 +419,7 @@ class Store:
             try:
                 client = await self._get_client()
                 watch = await _bounded(
-                    client.watch(key, range_end=_prefix_end(key), start_revision=next_rev),
+                    client.watch(key, range_end=None if exact else _prefix_end(key), start_revision=next_rev),
                     limit_s=self.op_timeout_s,
                 )
                 delay = self.watch_retry_s

@@ -213,6 +213,11 @@ def _agent_settings(args: argparse.Namespace, etcd: str, job: str, nnodes: int, 
         raise ConfigError("no command to run: put it after --, e.g. recoverd run --nproc-per-node 2 -- python train.py")
     check_id("job", job)
     check_id("node", args.node)
+    if nnodes > 1 and not args.master_addr:
+        raise ConfigError(
+            "--master-addr is required with --nnodes > 1: the address of node rank 0, where rank 0 hosts"
+            " the rendezvous (the same value on every node)"
+        )
     return AgentSettings(
         job=job,
         node=args.node,
@@ -298,6 +303,8 @@ def _dump_tasks() -> None:
 async def _main_async(args: argparse.Namespace) -> int:
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _dump_tasks)
     keys = Keyspace(args.prefix)
+    if args.cmd in ("coordinator", "strategy", "agent") and not args.etcd:
+        raise ConfigError(f"recoverd {args.cmd} needs an etcd endpoint: --etcd HOST:PORT or RECOVERD_ETCD")
     if args.cmd in ("coordinator", "strategy"):
         async with Store(args.etcd) as store:
             return await _serve(

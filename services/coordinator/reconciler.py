@@ -35,6 +35,7 @@ from recoverd.coordinator.recovery import (
     Effect,
     EmitEvent,
     Event,
+    FaultInfo,
     FaultReported,
     FinishJob,
     ParticipantsChanged,
@@ -65,7 +66,7 @@ from recoverd.store import (
     ValueIs,
 )
 
-__all__ = ["Coordinator", "CoordinatorSettings", "live_participants"]
+__all__ = ["Coordinator", "CoordinatorSettings", "live_participants", "lost_node_faults"]
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,32 @@ class CoordinatorSettings:
     history_cap: int = 100
     #: Signals kept per run (subscribers read them by watch; old ones are only for inspection).
     signal_cap: int = 64
+
+
+def lost_node_faults(view: JobView, now: float) -> list[FaultInfo]:
+    """Faults for the ranks of nodes that are gone (lease expired) while their ranks ran.
+
+    The ids are deterministic per rank incarnation, so seeing the same lost node again on the next
+    pass merges nothing new (the state machine ignores a fault id it already holds).
+    """
+    faults = []
+    for node, table in sorted(view.ranks.items()):
+        if node in view.nodes:
+            continue
+        for rank in table.ranks:
+            if rank.state in (pb.RANK_RUNNING, pb.RANK_PENDING):
+                faults.append(
+                    FaultInfo(
+                        fault_id=f"lost.{node}.r{rank.rank}.g{rank.generation}.c{rank.restart_count}",
+                        rank=rank.rank,
+                        node=node,
+                        source="lease",
+                        generation=rank.generation,
+                        detected_at=now,
+                        detail=f"node {node} lost: its agent's lease expired",
+                    )
+                )
+    return faults
 
 
 def live_participants(view: JobView) -> frozenset[str]:
@@ -260,6 +287,10 @@ class Coordinator:
                 )
                 continue
             apply(FaultReported(fault_from_pb(fault), live))
+
+        # 1b. A node whose lease expired while its ranks ran: each of its running ranks is a fault.
+        for lost in lost_node_faults(view, now):
+            apply(FaultReported(lost, live))
 
         # 2. Who is still there.
         if rec.is_active and live != rec.participants:

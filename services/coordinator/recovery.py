@@ -21,7 +21,8 @@ fails, or the selector gives up, the job FAILS (killMaster semantics).
 ``TRANSITIONS`` is the whole table: (phase, event type) -> the phase entered when the event's guard
 holds. Pairs not in the table raise :class:`IllegalTransition` (the shell records it and carries on;
 unlike upstream, the episode is never reset). Rules kept in code rather than in the table, each a
-named function below: ``_all_reported`` (a waiting phase ends only when every participant answered),
+named function below: ``_all_reported`` (a waiting phase ends only when everyone ``_required``
+answered: the participants, and in RECOVERING also the agent of every node sent a command),
 ``_open`` (a fault in DONE opens a new recovery), ``_merge_fault`` (a fault after COLLECTING starts
 a new round), ``_strategy_failed`` (failure falls back, or fails the job after `exit`).
 """
@@ -32,6 +33,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from recoverd import participants as participant_ids
 from recoverd.errors import IllegalTransition, StaleEpoch
 
 __all__ = [
@@ -81,8 +83,8 @@ class Phase(StrEnum):
     expiry the coordinator applies `exit`, which is always safe, and says so."""
 
     RECOVERING = "RECOVERING"
-    """changeStrategy and the agents' commands were sent; waiting for every participant's recover
-    status. Deadline: ``recover_s``; on expiry the strategy has failed."""
+    """changeStrategy and the agents' commands were sent; waiting for the recover status of every
+    participant and of every commanded node's agent. Deadline: ``recover_s``; on expiry the strategy has failed."""
 
     DONE = "DONE"
     """No recovery in progress (none yet, or the last one succeeded). A fault opens a new one."""
@@ -142,7 +144,8 @@ class Recovery:
     ``epoch`` numbers rounds: it grows when a recovery opens, when a late fault restarts the round,
     and when a failed strategy goes back to DECIDING. Every report and decision names the epoch it
     answers; anything older is stale. ``reported`` holds the participants that answered the current
-    waiting phase; ``supported`` is what every participant said it can do (GLOBAL_FAULT's answers).
+    waiting phase (in RECOVERING also commanded agents that are not participants); ``supported`` is
+    what every participant said it can do (GLOBAL_FAULT's answers).
     """
 
     phase: Phase = Phase.DONE
@@ -158,6 +161,8 @@ class Recovery:
     decision_reasons: tuple[str, ...] = ()
     failed_strategies: tuple[tuple[str, str], ...] = ()
     command_seq: int = 0
+    #: Nodes sent a command in this RECOVERING phase: their agents must confirm it too.
+    command_nodes: frozenset[str] = frozenset()
     outcome: str = ""
     phase_log: tuple[tuple[Phase, float, int], ...] = field(default=())
 
@@ -389,6 +394,7 @@ def _enter(rec: Recovery, phase: Phase, now: float, timeouts: Timeouts, **change
         rec,
         phase=phase,
         reported=frozenset(),
+        command_nodes=frozenset(),
         deadline_at=(now + limit) if limit is not None else None,
         **changes,  # type: ignore[arg-type]
     )
@@ -451,18 +457,25 @@ def _merge_fault(rec: Recovery, event: FaultReported, now: float, timeouts: Time
     ]
 
 
+def _required(rec: Recovery) -> frozenset[str]:
+    """Who must answer the current phase: the participants, and in RECOVERING also the agent of
+    every node that was sent a command (it alone can say its processes were restarted, even when
+    clients are the participants, and a lost node's command must not count as done)."""
+    return rec.participants | frozenset(participant_ids.of_node(n) for n in rec.command_nodes)
+
+
 def _is_news(rec: Recovery, participant: str) -> bool:
-    """A report counts only from a current participant that has not answered this phase yet."""
-    return participant in rec.participants and participant not in rec.reported
+    """A report counts only from someone who must answer and has not answered this phase yet."""
+    return participant in _required(rec) and participant not in rec.reported
 
 
 def _all_reported(rec: Recovery) -> bool:
-    """Guard of the waiting phases: every current participant has answered.
+    """Guard of the waiting phases: everyone required has answered.
 
     With no participant left nobody can answer, and that is not success: the phase waits for its
     deadline (which escalates) or for a participant to (re)join.
     """
-    return bool(rec.participants) and rec.participants <= rec.reported
+    return bool(rec.participants) and _required(rec) <= rec.reported
 
 
 def _report(rec: Recovery, participant: str, now: float, timeouts: Timeouts) -> tuple[Recovery, list[Effect]]:
@@ -499,7 +512,8 @@ def _participants_changed(
 ) -> tuple[Recovery, list[Effect]]:
     if event.participants == rec.participants:
         return rec, []
-    new = dataclasses.replace(rec, participants=event.participants, reported=rec.reported & event.participants)
+    kept = rec.reported & (event.participants | frozenset(participant_ids.of_node(n) for n in rec.command_nodes))
+    new = dataclasses.replace(rec, participants=event.participants, reported=kept)
     if rec.phase in WAITING_PHASES and _all_reported(new):
         return _advance(new, now, timeouts)
     return new, []
@@ -524,7 +538,7 @@ def _deadline_passed(
             nodes=event.nodes,
         )
         return _decided(rec, decision, now, timeouts)
-    missing = sorted(rec.participants - rec.reported)
+    missing = sorted(_required(rec) - rec.reported)
     return _strategy_failed(rec, now, timeouts, f"{rec.strategy} not confirmed in time by {missing}")
 
 
@@ -590,6 +604,7 @@ def _decided(rec: Recovery, event: DecisionMade, now: float, timeouts: Timeouts)
         decision_reasons=event.reasons,
         command_seq=seq,
     )
+    new = dataclasses.replace(new, command_nodes=frozenset(c.node for c in commands if isinstance(c, SendCommand)))
     return new, [
         EmitEvent("strategy_decided", f"{event.strategy} for ranks {list(rec.fault_ranks)}: {reasons}"),
         PublishSignal("changeStrategy", ("change_strategy", *actions), _fault_wire(new), change, extra),

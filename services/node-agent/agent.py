@@ -49,7 +49,6 @@ from recoverd.store import (
     ModRevisionAtMost,
     Op,
     Put,
-    Resync,
     Store,
 )
 
@@ -297,6 +296,7 @@ class NodeAgent:
                     ]
                     if (await self.store.txn(compare, ops)).succeeded:
                         self.spec, self.run_ref = spec, run
+                        await self._load_last_applied(run)
                         log.info("node %s joined job %s (run %s)", self.settings.node, job, run.uid)
                         return
                     continue
@@ -321,6 +321,12 @@ class NodeAgent:
                 self.spec, self.run_ref = new, run
                 log.info("node %s created job %s (run %s)", self.settings.node, job, run.uid)
                 return
+
+    async def _load_last_applied(self, run: RunRef) -> None:
+        """A restarted agent joining a live run must not apply its node's last command again."""
+        ack = await self._get(self.keys.ack(run, self.settings.node), pb.CommandAck)
+        if isinstance(ack, pb.CommandAck):
+            self._last_applied = (ack.epoch, ack.seq)
 
     @property
     def source(self) -> str:
@@ -515,13 +521,14 @@ class NodeAgent:
 
     # ---------------------------------------------------------------- reacting
     async def _watch(self) -> None:
+        """Wake the reconcile on any change of the three keys this node acts on.
+
+        Exact-key watches, not the run prefix: an agent must not receive every other node's rank
+        table writes (that would grow with nodes squared).
+        """
         assert self.run_ref is not None
         run = self.run_ref
-        interesting = {
-            self.keys.recovery(run),
-            self.keys.status(run),
-            self.keys.command(run, self.settings.node),
-        }
+        keys = (self.keys.recovery(run), self.keys.status(run), self.keys.command(run, self.settings.node))
         delay = self.settings.retry_s
         while True:
             try:
@@ -531,9 +538,13 @@ class NodeAgent:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.settings.retry_max_s)
         self._wake.set()
-        async for item in self.store.watch_prefix(self.keys.run_prefix(run), start + 1):
-            if isinstance(item, Resync) or item.key in interesting:
-                self._wake.set()
+        async with asyncio.TaskGroup() as group:
+            for key in keys:
+                group.create_task(self._wake_on(key, start + 1), name=f"agent-watch-{key.rsplit('/', 1)[1]}")
+
+    async def _wake_on(self, key: str, start: int) -> None:
+        async for _ in self.store.watch_key(key, start):
+            self._wake.set()
 
     async def _worker(self) -> None:
         delay = self.settings.retry_s
@@ -616,7 +627,11 @@ class NodeAgent:
     async def _answer(self, recovery: pb.Recovery, command: pb.Command | None) -> None:
         """Answer the current phase for this node's ranks, once per (epoch, phase)."""
         assert self.run_ref is not None
-        if self.participant not in recovery.participants or (recovery.epoch, recovery.phase) in self._answered:
+        commanded = recovery.phase == pb.PHASE_RECOVERING and self.settings.node in recovery.command_nodes
+        if (self.participant not in recovery.participants and not commanded) or (
+            recovery.epoch,
+            recovery.phase,
+        ) in self._answered:
             return
         report = pb.Report(
             participant=self.participant,

@@ -96,6 +96,8 @@ class Cluster:
         ]  # fmt: skip
         if strategies:
             args += ["--strategies", strategies]
+        if nnodes > 1:
+            args += ["--master-addr", "127.0.0.1"]
         return self.spawn(f"agent-{node}", [*args, "--", sys.executable, WORKER, *worker])
 
     def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:

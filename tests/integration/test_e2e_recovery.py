@@ -7,6 +7,7 @@ processes with real signals, and asserts what etcd and the process table say aft
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 
@@ -225,3 +226,35 @@ def test_mismatched_spec_is_refused_with_the_reason(cluster: Cluster) -> None:
     # The running job is untouched.
     view = cluster.view("job-spec")
     assert set(view.nodes) == {"node-a"} and decode(pb.JobSpec, cluster.get(cluster.keys.job_spec("job-spec")) or b"")
+
+
+def test_a_lost_node_is_a_fault_and_its_unconfirmed_command_fails_the_job(cluster: Cluster) -> None:
+    cluster.coordinator(extra=("--recover-timeout", "1.5"))
+    cluster.strategy()
+    cluster.agent("job-lost", "node-a", nproc=2, nnodes=2, node_rank=0, strategies="recover-in-place,exit")
+    cluster.agent("job-lost", "node-b", nproc=2, nnodes=2, node_rank=1, strategies="recover-in-place,exit")
+    before = cluster.wait_running("job-lost", 4)
+    orphans = [before[2].pid, before[3].pid]
+    try:
+        cluster.kill("agent-node-b")  # the node is gone; its lease expires after 1 s
+        view = cluster.wait_for(
+            "the lost node's ranks to be faults",
+            lambda: (v := cluster.view("job-lost")).recovery is not None and len(v.recovery.faults) == 2 and v,
+        )
+        assert view.recovery is not None
+        assert sorted(f.rank for f in view.recovery.faults) == [2, 3]
+        assert {f.source for f in view.recovery.faults} == {pb.SOURCE_LEASE}
+        # Nobody can restart node-b's ranks: neither recover-in-place nor exit is confirmed, and the
+        # job fails (killMaster semantics) instead of waiting forever or calling it a success.
+        assert cluster.wait_exit("agent-node-a", timeout=30) == 1
+        final = cluster.view("job-lost")
+        assert final.status is not None and final.status.state == pb.JOB_FAILED
+        assert "agent.node-b" in final.status.reason
+        outcomes = [(o.strategy, o.ok) for o in final.history.outcomes]  # type: ignore[union-attr]
+        assert outcomes == [("recover-in-place", False), ("exit", False)]
+    finally:
+        for pid in orphans:  # the lost agent's ranks outlived it, as they must; clean them up
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)  # re-parented to the test session (a subreaper)

@@ -35,6 +35,7 @@ from recoverd.coordinator.recovery import (
     wire_strategy,
 )
 from recoverd.errors import IllegalTransition, StaleEpoch
+from recoverd.participants import of_node
 
 #: Distinct values, so a deadline armed with the wrong phase's timeout is caught.
 T = Timeouts(fault_window_s=1.0, stop_s=2.0, strategies_s=3.0, decide_s=4.0, recover_s=5.0)
@@ -90,6 +91,8 @@ def walk(
     when due), and every step is checked to land where the happy path says. Without ``faults`` the
     recovery is opened by one new fault (rank 3 on n1) whose id is fresh for ``start``: "f1" for the
     first recovery, "f2" for the second, ... (a fault id the last recovery handled opens nothing).
+    To leave RECOVERING for DONE, the agents of the commanded nodes confirm as well as the
+    participants (:func:`confirm_commands`).
     """
     rec, now = start or (Recovery(), T0)
     assert rec.phase is Phase.DONE
@@ -135,6 +138,8 @@ def walk(
         rec, _ = apply(rec, RecoverStatusReported(rec.epoch, participants[0], 1, "exit", "boom"), now)
         assert rec.phase is Phase.FAILED
         return rec, now
+    # The commanded nodes' agents confirm first, so the participants' answers finish the recovery.
+    rec = confirm_commands(rec, now)
     for p in participants:
         rec, _ = apply(rec, RecoverStatusReported(rec.epoch, p, 0, strategy), now)
     assert rec.phase is Phase.DONE and target == "DONE"
@@ -159,6 +164,17 @@ def plausible_event(rec: Recovery, event_type: type) -> object:
     if event_type is ParticipantsChanged:
         return ParticipantsChanged(rec.participants | {"late-joiner"})
     raise AssertionError(f"no plausible event for {event_type}")  # pragma: no cover
+
+
+def confirm_commands(rec: Recovery, now: float) -> Recovery:
+    """In RECOVERING, the agents of the commanded nodes that are not participants confirm their
+    commands (status 0). They alone never finish the recovery: the participants must answer too.
+    Outside RECOVERING (no commanded nodes) this returns ``rec`` itself."""
+    for node in sorted(rec.command_nodes):
+        if of_node(node) not in rec.participants:
+            rec, effects = apply(rec, RecoverStatusReported(rec.epoch, of_node(node), 0, rec.strategy), now)
+            assert rec.phase is Phase.RECOVERING and effects == []
+    return rec
 
 
 def state_phase(state: str) -> Phase:
@@ -216,8 +232,10 @@ def test_every_phase_event_pair(state: str, event_type: type) -> None:
 def guarded_case(phase: Phase, event_type: type) -> tuple[Recovery, object, float]:
     """A record in ``phase`` and an event of ``event_type`` for which the guard holds."""
     if event_type is ParticipantsChanged and phase in WAITING:
-        # Two participants, one answered: losing the other one completes the phase.
+        # Two participants, one answered (and in RECOVERING the commanded agent too): losing the
+        # other one completes the phase.
         rec, now = walk(phase.name, participants=("a", "b"))
+        rec = confirm_commands(rec, now)
         report = {
             Phase.STOPPING: StopCompleted(rec.epoch, "a"),
             Phase.GLOBAL_FAULT: StrategiesReported(rec.epoch, "a", ALL_STRATEGIES),
@@ -226,6 +244,8 @@ def guarded_case(phase: Phase, event_type: type) -> tuple[Recovery, object, floa
         rec, _ = apply(rec, report, now)
         return rec, ParticipantsChanged(frozenset({"a"})), now
     rec, now = walk(phase.name)
+    if event_type is RecoverStatusReported:
+        rec = confirm_commands(rec, now)  # so that the participant's answer is the last one required
     event = plausible_event(rec, event_type)
     if event_type is DeadlinePassed:
         now = rec.deadline_at
@@ -275,22 +295,25 @@ def test_single_agent_recover_in_place_happy_path() -> None:
         (),
     )
     wire = ((3, "1"),)
+    # The only participant is the agent of the faulty node: it answers both as the participant and
+    # as the commanded node's agent.
+    agent = of_node("n1")
 
-    rec, effects = apply(rec, FaultReported(fault(), frozenset({"a"})), 100.0)
+    rec, effects = apply(rec, FaultReported(fault(), frozenset({agent})), 100.0)
     assert (rec.phase, rec.epoch, rec.recovery_id, rec.opened_at) == (Phase.COLLECTING, 1, 1, 100.0)
     assert rec.deadline_at == 100.0 + T.fault_window_s
-    assert rec.participants == {"a"} and rec.fault_ranks == (3,)
+    assert rec.participants == {agent} and rec.fault_ranks == (3,)
     assert reasons(effects) == ["recovery_opened"] and non_emit(effects) == []
 
     rec, effects = apply(rec, DeadlinePassed(1), 101.0)
     assert (rec.phase, rec.epoch, rec.deadline_at) == (Phase.STOPPING, 1, 101.0 + T.stop_s)
     assert effects == [PublishSignal("stopTrain", ("stop_train",), wire)]
 
-    rec, effects = apply(rec, StopCompleted(1, "a"), 101.5)
+    rec, effects = apply(rec, StopCompleted(1, agent), 101.5)
     assert (rec.phase, rec.epoch, rec.deadline_at) == (Phase.GLOBAL_FAULT, 1, 101.5 + T.strategies_s)
     assert effects == [PublishSignal("globalFault", ("on_global_rank",), wire)]
 
-    rec, effects = apply(rec, StrategiesReported(1, "a", ("retry", "recover-in-place", "exit")), 102.0)
+    rec, effects = apply(rec, StrategiesReported(1, agent, ("retry", "recover-in-place", "exit")), 102.0)
     assert (rec.phase, rec.epoch, rec.deadline_at) == (Phase.DECIDING, 1, 102.0 + T.decide_s)
     assert rec.supported == {"retry", "recover-in-place", "exit"}
     assert effects == []
@@ -298,6 +321,7 @@ def test_single_agent_recover_in_place_happy_path() -> None:
     rec, effects = apply(rec, DecisionMade(1, "recover-in-place", ("cheapest fit",), nodes=("n0", "n1")), 103.0)
     assert (rec.phase, rec.epoch, rec.deadline_at) == (Phase.RECOVERING, 1, 103.0 + T.recover_s)
     assert (rec.strategy, rec.decision_reasons, rec.command_seq) == ("recover-in-place", ("cheapest fit",), 1)
+    assert rec.command_nodes == {"n1"}
     assert reasons(effects) == ["strategy_decided"]
     assert non_emit(effects) == [
         PublishSignal(
@@ -311,8 +335,9 @@ def test_single_agent_recover_in_place_happy_path() -> None:
     ]
     assert isinstance(effects[0], EmitEvent)  # the decision is announced before it is acted on
 
-    rec, effects = apply(rec, RecoverStatusReported(1, "a", 0, "recover-in-place"), 104.0)
+    rec, effects = apply(rec, RecoverStatusReported(1, agent, 0, "recover-in-place"), 104.0)
     assert (rec.phase, rec.epoch, rec.deadline_at, rec.outcome) == (Phase.DONE, 1, None, "succeeded")
+    assert rec.command_nodes == frozenset()
     assert non_emit(effects) == [RecordOutcome("recover-in-place", (3,), ok=True)]
     assert reasons(effects) == ["recovery_done"]
     assert rec.phase_log == (
@@ -326,15 +351,22 @@ def test_single_agent_recover_in_place_happy_path() -> None:
 
     # A second recovery: new id, new epoch, and command seqs keep increasing across recoveries.
     rec, _ = apply(rec, FaultReported(fault("f2", rank=5, node="n0")), 200.0)
-    assert (rec.phase, rec.epoch, rec.recovery_id, rec.participants) == (Phase.COLLECTING, 2, 2, {"a"})
+    assert (rec.phase, rec.epoch, rec.recovery_id, rec.participants) == (Phase.COLLECTING, 2, 2, {agent})
     assert rec.faults == (fault("f2", rank=5, node="n0"),) and rec.phase_log == ((Phase.COLLECTING, 200.0, 2),)
     rec, _ = apply(rec, DeadlinePassed(2), 201.0)
-    rec, _ = apply(rec, StopCompleted(2, "a"), 201.0)
-    rec, _ = apply(rec, StrategiesReported(2, "a", ALL_STRATEGIES), 201.0)
+    rec, _ = apply(rec, StopCompleted(2, agent), 201.0)
+    rec, _ = apply(rec, StrategiesReported(2, agent, ALL_STRATEGIES), 201.0)
     rec, effects = apply(rec, DecisionMade(2, "recover-in-place"), 201.0)
     assert [e for e in effects if isinstance(e, SendCommand)] == [
         SendCommand("n0", "RESTART_RANKS", (5,), 2, "recover-in-place")
     ]
+    # n0's agent is not a participant, but it was commanded: the participant alone is not enough.
+    assert rec.command_nodes == {"n0"}
+    rec, effects = apply(rec, RecoverStatusReported(2, agent, 0, "recover-in-place"), 202.0)
+    assert (rec.phase, rec.reported, effects) == (Phase.RECOVERING, {agent}, [])
+    rec, effects = apply(rec, RecoverStatusReported(2, of_node("n0"), 0, "recover-in-place"), 203.0)
+    assert (rec.phase, rec.outcome) == (Phase.DONE, "succeeded")
+    assert non_emit(effects) == [RecordOutcome("recover-in-place", (5,), ok=True)]
 
 
 def test_exit_restarts_every_decision_node_and_every_fault_node() -> None:
@@ -349,7 +381,15 @@ def test_exit_restarts_every_decision_node_and_every_fault_node() -> None:
         SendCommand("n9", "RESTART_ALL", (), 4, "exit"),
     ]
     assert rec.command_seq == 4
+    # Every restarted node's agent must confirm, besides the participant.
+    assert rec.command_nodes == {"n0", "n1", "n2", "n9"}
     rec, effects = apply(rec, RecoverStatusReported(rec.epoch, "a", 0, "exit"), now + 1)
+    assert (rec.phase, rec.reported, effects) == (Phase.RECOVERING, {"a"}, [])
+    for node in ("n9", "n0", "n2"):
+        rec, effects = apply(rec, RecoverStatusReported(rec.epoch, of_node(node), 0, "exit"), now + 1)
+        assert rec.phase is Phase.RECOVERING and effects == []
+    assert rec.reported == {"a", "agent.n0", "agent.n2", "agent.n9"}
+    rec, effects = apply(rec, RecoverStatusReported(rec.epoch, "agent.n1", 0, "exit"), now + 2)
     assert rec.phase is Phase.DONE
     assert non_emit(effects) == [RecordOutcome("exit", (3, 9), ok=True)]
 
@@ -408,9 +448,14 @@ NEXT = {Phase.STOPPING: Phase.GLOBAL_FAULT, Phase.GLOBAL_FAULT: Phase.DECIDING, 
 def test_waiting_phase_needs_every_participant(phase: Phase) -> None:
     rec, now = walk(phase.name, participants=("a", "b"))
     assert rec.reported == frozenset()
+    if phase is Phase.RECOVERING:
+        # The commanded node's agent is required too; its answer alone finishes nothing.
+        rec, effects = apply(rec, report_for(phase, rec, "agent.n1"), now)
+        assert (rec.phase, rec.reported, effects) == (phase, {"agent.n1"}, [])
+    before = rec.reported
 
     one, effects = apply(rec, report_for(phase, rec, "a"), now + 0.1)
-    assert (one.phase, one.epoch, one.reported, effects) == (phase, rec.epoch, {"a"}, [])
+    assert (one.phase, one.epoch, one.reported, effects) == (phase, rec.epoch, before | {"a"}, [])
     assert one.deadline_at == rec.deadline_at and one.phase_log == rec.phase_log
 
     again, effects = apply(one, report_for(phase, one, "a"), now + 0.2)
@@ -519,7 +564,8 @@ def test_recovering_deadline_fails_the_strategy_and_decides_again() -> None:
     assert (new.phase, new.epoch, new.deadline_at) == (Phase.DECIDING, rec.epoch + 1, now + T.decide_s)
     assert new.strategy == ""  # recorded as failed; no strategy is in progress while deciding
     assert [name for name, _ in new.failed_strategies] == ["recover-in-place"]
-    assert "['a', 'b']" in new.failed_strategies[0][1]
+    # The message names everyone required who did not answer: participants and commanded agents.
+    assert new.failed_strategies[0][1] == "recover-in-place not confirmed in time by ['a', 'agent.n1', 'b']"
     assert non_emit(effects) == [RecordOutcome("recover-in-place", (3,), ok=False)]
     assert reasons(effects) == ["strategy_failed"]
 
@@ -603,7 +649,11 @@ def test_merged_round_can_complete_with_all_faults() -> None:
         SendCommand("n1", "RESTART_RANKS", (3,), 2, "retry"),
         SendCommand("n2", "RESTART_RANKS", (6,), 3, "retry"),
     ]
-    rec, effects = apply(rec, RecoverStatusReported(rec.epoch, "a", 0), now)
+    assert rec.command_nodes == {"n1", "n2"}
+    rec, _ = apply(rec, RecoverStatusReported(rec.epoch, "a", 0), now)
+    rec, _ = apply(rec, RecoverStatusReported(rec.epoch, "agent.n2", 0), now)
+    assert rec.phase is Phase.RECOVERING and rec.reported == {"a", "agent.n2"}
+    rec, effects = apply(rec, RecoverStatusReported(rec.epoch, "agent.n1", 0), now)
     assert rec.phase is Phase.DONE and rec.epoch == 2
     assert non_emit(effects) == [RecordOutcome("retry", (3, 6), ok=True)]
 
@@ -847,11 +897,18 @@ def test_losing_every_participant_waits_for_the_deadline(phase: Phase) -> None:
     for who in ("a", "b"):
         same, effects = apply(new, report_for(phase, new, who), now + 0.2)
         assert same is new and effects == []
+    if phase is Phase.RECOVERING:
+        # The commanded agent is still required: its answer is recorded, but with no participant
+        # left it does not finish the recovery.
+        confirmed, effects = apply(new, report_for(phase, new, "agent.n1"), now + 0.2)
+        assert (confirmed.phase, confirmed.reported, effects) == (phase, {"agent.n1"}, [])
     # The deadline escalates as for any unanswered phase.
     later, effects = apply(new, DeadlinePassed(new.epoch), new.deadline_at)
     assert (later.phase, later.epoch) == (Phase.DECIDING, new.epoch + 1)
     if phase is Phase.RECOVERING:
-        assert later.failed_strategies == (("recover-in-place", "recover-in-place not confirmed in time by []"),)
+        assert later.failed_strategies == (
+            ("recover-in-place", "recover-in-place not confirmed in time by ['agent.n1']"),
+        )
         assert non_emit(effects) == [RecordOutcome("recover-in-place", (3,), ok=False)]
     else:
         assert tuple(n for n, _ in later.failed_strategies) == CHEAPER_THAN_EXIT
@@ -872,6 +929,10 @@ def test_a_participant_joining_an_empty_phase_must_answer_it(phase: Phase) -> No
     joined, effects = apply(rec, ParticipantsChanged(frozenset({"c"})), now + 0.1)
     assert (joined.phase, joined.participants, joined.reported, effects) == (phase, {"c"}, frozenset(), [])
     done, effects = apply(joined, report_for(phase, joined, "c"), now + 0.2)
+    if phase is Phase.RECOVERING:
+        # The newcomer's answer is not enough: the commanded node's agent has not confirmed yet.
+        assert (done.phase, done.reported, effects) == (phase, {"c"}, [])
+        done, effects = apply(done, report_for(phase, done, "agent.n1"), now + 0.3)
     assert done.phase is NEXT[phase]
     if phase is Phase.RECOVERING:
         assert non_emit(effects) == [RecordOutcome("recover-in-place", (3,), ok=True)]
@@ -970,3 +1031,154 @@ def test_a_departed_participant_failure_changes_nothing() -> None:
     rec, _ = apply(rec, ParticipantsChanged(frozenset({"a"})), now)
     new, effects = apply(rec, RecoverStatusReported(rec.epoch, "b", 1, rec.strategy, "gone"), now)
     assert new is rec and effects == []
+
+
+# ============================================================ 13. commanded agents must confirm
+
+
+def test_with_client_participants_the_commanded_agent_must_confirm_too() -> None:
+    rec, now = walk("DECIDING", participants=("client.c1",))
+    assert rec.command_nodes == frozenset()
+    rec, effects = apply(rec, DecisionMade(rec.epoch, "recover-in-place", ("fits",), nodes=("n0", "n1")), now)
+    assert rec.phase is Phase.RECOVERING
+    assert [(e.node, e.ranks) for e in effects if isinstance(e, SendCommand)] == [("n1", (3,))]
+    assert rec.command_nodes == {"n1"}
+
+    # The client's status alone does not finish the recovery.
+    rec, effects = apply(rec, RecoverStatusReported(rec.epoch, "client.c1", 0, "recover-in-place"), now + 0.1)
+    assert (rec.phase, rec.reported, rec.outcome, effects) == (Phase.RECOVERING, {"client.c1"}, "", [])
+    # An agent of a node that got no command is not asked; its report is not news.
+    same, effects = apply(rec, RecoverStatusReported(rec.epoch, of_node("n0"), 0, "recover-in-place"), now + 0.2)
+    assert same is rec and effects == []
+
+    # The commanded node's agent confirms: done.
+    done, effects = apply(rec, RecoverStatusReported(rec.epoch, of_node("n1"), 0, "recover-in-place"), now + 0.3)
+    assert (done.phase, done.outcome, done.reported, done.command_nodes) == (
+        Phase.DONE,
+        "succeeded",
+        frozenset(),
+        frozenset(),
+    )
+    assert non_emit(effects) == [RecordOutcome("recover-in-place", (3,), ok=True)]
+    assert reasons(effects) == ["recovery_done"]
+
+
+def test_with_client_participants_the_agent_may_confirm_first() -> None:
+    rec, now = walk("RECOVERING", participants=("client.c1",))
+    rec, effects = apply(rec, RecoverStatusReported(rec.epoch, "agent.n1", 0, rec.strategy), now)
+    assert (rec.phase, rec.reported, effects) == (Phase.RECOVERING, {"agent.n1"}, [])
+    again, effects = apply(rec, RecoverStatusReported(rec.epoch, "agent.n1", 1, rec.strategy, "late"), now)
+    assert again is rec and effects == []  # a second answer is not news, whatever its code
+    rec, _ = apply(rec, RecoverStatusReported(rec.epoch, "client.c1", 0, rec.strategy), now + 0.1)
+    assert (rec.phase, rec.outcome) == (Phase.DONE, "succeeded")
+
+
+def test_a_commanded_agent_that_is_not_a_participant_can_fail_the_strategy() -> None:
+    rec, now = walk("RECOVERING", participants=("client.c1",))
+    new, effects = apply(rec, RecoverStatusReported(rec.epoch, "agent.n1", 3, rec.strategy, "relaunch failed"), now)
+    assert (new.phase, new.epoch, new.command_nodes) == (Phase.DECIDING, rec.epoch + 1, frozenset())
+    assert new.failed_strategies == (("recover-in-place", "agent.n1 reported code 3: relaunch failed"),)
+    assert non_emit(effects) == [RecordOutcome("recover-in-place", (3,), ok=False)]
+
+
+@pytest.mark.parametrize("phase", [Phase.STOPPING, Phase.GLOBAL_FAULT], ids=str)
+def test_agents_are_not_asked_outside_recovering_when_clients_participate(phase: Phase) -> None:
+    rec, now = walk(phase.name, participants=("client.c1",))
+    same, effects = apply(rec, report_for(phase, rec, "agent.n1"), now)
+    assert same is rec and effects == []
+
+
+def test_a_lost_commanded_node_leaves_only_the_deadline() -> None:
+    rec, now = walk("RECOVERING", participants=("agent.n0", "agent.n1"))
+    assert rec.command_nodes == {"n1"}
+    # n1's agent is lost; n0's agent answers: everyone still a participant has answered, but the
+    # command sent to n1 is unconfirmed, so the recovery is not done.
+    rec, effects = apply(rec, ParticipantsChanged(frozenset({"agent.n0"})), now + 0.1)
+    assert (rec.phase, rec.participants, effects) == (Phase.RECOVERING, {"agent.n0"}, [])
+    rec, effects = apply(rec, RecoverStatusReported(rec.epoch, "agent.n0", 0, rec.strategy), now + 0.2)
+    assert (rec.phase, rec.reported, rec.outcome, effects) == (Phase.RECOVERING, {"agent.n0"}, "", [])
+    early, effects = apply(rec, DeadlinePassed(rec.epoch), rec.deadline_at - 0.01)
+    assert early is rec and effects == []
+
+    now = rec.deadline_at + 0.5
+    new, effects = apply(rec, DeadlinePassed(rec.epoch), now)
+    assert (new.phase, new.epoch, new.strategy, new.command_nodes) == (
+        Phase.DECIDING,
+        rec.epoch + 1,
+        "",
+        frozenset(),
+    )
+    assert new.failed_strategies == (("recover-in-place", "recover-in-place not confirmed in time by ['agent.n1']"),)
+    assert non_emit(effects) == [RecordOutcome("recover-in-place", (3,), ok=False)]
+    assert reasons(effects) == ["strategy_failed"]
+
+
+def test_a_lost_commanded_agent_that_still_reports_is_news() -> None:
+    rec, now = walk("RECOVERING", participants=("agent.n0", "agent.n1"))
+    rec, _ = apply(rec, ParticipantsChanged(frozenset({"agent.n0"})), now)
+    rec, _ = apply(rec, RecoverStatusReported(rec.epoch, "agent.n0", 0, rec.strategy), now)
+    # No longer a participant, but its node was commanded: its confirmation still counts.
+    done, effects = apply(rec, RecoverStatusReported(rec.epoch, "agent.n1", 0, rec.strategy), now + 0.1)
+    assert (done.phase, done.outcome) == (Phase.DONE, "succeeded")
+    assert non_emit(effects) == [RecordOutcome("recover-in-place", (3,), ok=True)]
+
+
+def test_participants_changed_keeps_the_commanded_agents_reports() -> None:
+    rec, now = walk("RECOVERING", participants=("agent.n0", "agent.n1", "agent.n2"))
+    rec, _ = apply(rec, RecoverStatusReported(rec.epoch, "agent.n1", 0, rec.strategy), now)
+    rec, _ = apply(rec, RecoverStatusReported(rec.epoch, "agent.n2", 0, rec.strategy), now)
+    # n1 (commanded) and n2 (not commanded) are lost after answering: only n1's answer is kept.
+    rec, effects = apply(rec, ParticipantsChanged(frozenset({"agent.n0"})), now + 0.1)
+    assert (rec.phase, rec.reported, effects) == (Phase.RECOVERING, {"agent.n1"}, [])
+    done, _ = apply(rec, RecoverStatusReported(rec.epoch, "agent.n0", 0, rec.strategy), now + 0.2)
+    assert done.phase is Phase.DONE
+
+
+def test_losing_the_last_unanswered_participant_still_needs_the_commanded_agent() -> None:
+    rec, now = walk("RECOVERING", participants=("client.c1", "client.c2"))
+    rec, _ = apply(rec, RecoverStatusReported(rec.epoch, "client.c1", 0, rec.strategy), now)
+    rec, effects = apply(rec, ParticipantsChanged(frozenset({"client.c1"})), now + 0.1)
+    assert (rec.phase, rec.reported, effects) == (Phase.RECOVERING, {"client.c1"}, [])
+    done, effects = apply(rec, RecoverStatusReported(rec.epoch, "agent.n1", 0, rec.strategy), now + 0.2)
+    assert done.phase is Phase.DONE
+
+
+@pytest.mark.parametrize("state", STATES)
+def test_command_nodes_are_empty_outside_recovering(state: str) -> None:
+    rec, _ = walk(state, participants=("a", "b"))
+    if rec.phase is Phase.RECOVERING:
+        assert rec.command_nodes == {"n1"}
+    else:
+        assert rec.command_nodes == frozenset()
+
+
+@pytest.mark.parametrize("strategy", ALL_STRATEGIES)
+def test_command_nodes_are_the_nodes_sent_a_command(strategy: str) -> None:
+    rec, now = walk("DECIDING", faults=(fault("f1", 3, "n1"), fault("f2", 4, "n3")))
+    new, effects = apply(rec, DecisionMade(rec.epoch, strategy, nodes=("n0", "n1", "n2")), now)
+    sent = {e.node for e in effects if isinstance(e, SendCommand)}
+    assert new.phase is Phase.RECOVERING and new.command_nodes == sent
+    assert sent == ({"n0", "n1", "n2", "n3"} if strategy == "exit" else {"n1", "n3"})
+
+
+def test_command_nodes_of_the_deciding_deadline_exit() -> None:
+    rec, _ = walk("DECIDING")
+    new, effects = apply(rec, DeadlinePassed(rec.epoch, nodes=("n0", "n2")), rec.deadline_at)
+    assert (new.phase, new.strategy) == (Phase.RECOVERING, "exit")
+    assert new.command_nodes == {e.node for e in effects if isinstance(e, SendCommand)} == {"n0", "n1", "n2"}
+
+
+def test_command_nodes_are_cleared_whenever_recovering_is_left() -> None:
+    rec, now = walk("RECOVERING", strategy="exit", nodes=("n0", "n1", "n2"))
+    assert rec.command_nodes == {"n0", "n1", "n2"}
+    # A late fault restarts the round: the commands of the old round are no longer awaited.
+    restarted, _ = apply(rec, FaultReported(fault("f2", 6, "n2")), now)
+    assert (restarted.phase, restarted.command_nodes) == (Phase.STOPPING, frozenset())
+    # A failed strategy goes back to DECIDING with none awaited; the next decision names its own.
+    failed, _ = apply(rec, DeadlinePassed(rec.epoch), rec.deadline_at)
+    assert (failed.phase, failed.command_nodes) == (Phase.FAILED, frozenset())  # exit failed
+    rec, now = walk("RECOVERING", strategy="retry")
+    back, _ = apply(rec, RecoverStatusReported(rec.epoch, "a", 1), now)
+    assert (back.phase, back.command_nodes) == (Phase.DECIDING, frozenset())
+    again, _ = apply(back, DecisionMade(back.epoch, "exit", nodes=("n0",)), now)
+    assert again.command_nodes == {"n0", "n1"} and again.reported == frozenset()

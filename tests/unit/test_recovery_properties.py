@@ -1,13 +1,17 @@
 """Property tests of the recovery state machine: random event sequences keep its invariants.
 
-Events are drawn against the current record (mostly its epoch and its participants, sometimes
-stale epochs, strangers, repeated fault ids), so sequences get deep into the walk instead of
-bouncing off IllegalTransition in DONE. The same generator runs under Hypothesis (shrinking,
-edge cases) and under a seeded ``random.Random`` (to assert that every table entry is exercised).
+Events are drawn against the current record (mostly its epoch, its participants and the agents of
+its commanded nodes, sometimes stale epochs, strangers, repeated fault ids), so sequences get deep
+into the walk instead of bouncing off IllegalTransition in DONE. The same generator runs under
+Hypothesis (shrinking, edge cases) and under a seeded ``random.Random`` (to assert that every table entry is exercised).
+
+Participants are drawn both as abstract names ("a", "b", like clients: the agents are then extra
+reporters in RECOVERING) and as agents ("agent.n0", ...: a commanded node may then be lost).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,10 +39,22 @@ from recoverd.coordinator.recovery import (
 )
 from recoverd.coordinator.recovery import step as core_step
 from recoverd.errors import IllegalTransition, StaleEpoch
+from recoverd.participants import of_node
 
 T = Timeouts(fault_window_s=0.5, stop_s=1.0, strategies_s=1.5, decide_s=2.0, recover_s=2.5)
-PEOPLE = ("a", "b", "c")
-GROUPS: tuple[frozenset[str], ...] = (frozenset(), frozenset("a"), frozenset("ab"), frozenset("abc"), frozenset("bc"))
+PEOPLE = ("a", "b", "c", "agent.n0", "agent.n1")
+GROUPS: tuple[frozenset[str], ...] = (
+    frozenset(),
+    frozenset("a"),
+    frozenset("ab"),
+    frozenset("abc"),
+    frozenset("bc"),
+    frozenset({"agent.n0", "agent.n1", "agent.n2"}),
+    frozenset({"agent.n0", "agent.n1"}),
+)
+WAITING_PHASES = (Phase.STOPPING, Phase.GLOBAL_FAULT, Phase.RECOVERING)
+#: The phase a waiting phase moves on to when everyone required answered (same epoch).
+NEXT = {Phase.STOPPING: Phase.GLOBAL_FAULT, Phase.GLOBAL_FAULT: Phase.DECIDING, Phase.RECOVERING: Phase.DONE}
 STRATEGIES = (*CHEAPER_THAN_EXIT, "exit")
 OFFERS = (STRATEGIES, ("retry", "exit"), ("recover-in-place", "exit"), ("exit",), ())
 NODE_SETS: tuple[tuple[str, ...], ...] = ((), ("n0",), ("n0", "n1", "n2", "n3"))
@@ -60,11 +76,20 @@ PROGRESS = {
 Pick = Callable[[Sequence[Any]], Any]
 
 
+def commanded_agents(rec: Recovery) -> frozenset[str]:
+    return frozenset(of_node(n) for n in rec.command_nodes)
+
+
+def required(rec: Recovery) -> frozenset[str]:
+    """Who must answer ``rec``'s phase: the participants and, in RECOVERING, the commanded agents."""
+    return rec.participants | commanded_agents(rec)
+
+
 def draw_event(rec: Recovery, pick: Pick) -> tuple[object, bool, float]:
     """One event for ``rec``; returns (event, jump_to_deadline, dt)."""
     kind = pick((*KINDS, *[PROGRESS[rec.phase]] * 5))
     epoch = rec.epoch + pick((0, 0, 0, 0, 0, 0, 0, -1, 1))
-    who = pick((*sorted(rec.participants) * 3, *PEOPLE, "stranger"))
+    who = pick((*sorted(rec.participants) * 3, *sorted(commanded_agents(rec)) * 3, *PEOPLE, "stranger"))
     dt = pick((0.0, 0.01, 0.2, 0.7, 3.0))
     code = pick((0, 0, 0, 0, 0, 1, 137))
     if kind == "fault":
@@ -88,7 +113,9 @@ def draw_event(rec: Recovery, pick: Pick) -> tuple[object, bool, float]:
         return DecisionMade(epoch, strategy, ("drawn",), give_up, nodes), False, dt
     if kind == "recover":
         return RecoverStatusReported(epoch, who, code, rec.strategy), False, dt
-    return ParticipantsChanged(pick(GROUPS)), False, dt
+    # Sometimes every participant that has not answered yet is lost (the guard of a completion by
+    # ParticipantsChanged, which random groups rarely hit once commanded agents must answer too).
+    return ParticipantsChanged(pick((*GROUPS, rec.participants & rec.reported))), False, dt
 
 
 class Checker:
@@ -144,6 +171,17 @@ class Checker:
             self.seen.add("give-up")
         if prev.phase is Phase.RECOVERING and new.phase is Phase.FAILED:
             self.seen.add("exit failed")
+        if isinstance(event, RecoverStatusReported) and new is not prev and prev.phase is Phase.RECOVERING:
+            if event.participant not in prev.participants:
+                self.seen.add("a commanded agent that is not a participant answered")
+        if new.phase is Phase.RECOVERING and new.participants and new.participants <= new.reported:
+            self.seen.add("every participant answered, a commanded agent has not")
+        if isinstance(event, ParticipantsChanged) and prev.phase is Phase.RECOVERING:
+            if commanded_agents(prev) & prev.participants - event.participants:
+                self.seen.add("a commanded agent was lost")
+        if isinstance(event, DeadlinePassed) and prev.phase is Phase.RECOVERING and new is not prev:
+            if commanded_agents(prev) - prev.participants - prev.reported:
+                self.seen.add("recovering deadline waiting for a commanded agent")
 
     def check(self, prev: Recovery, new: Recovery, effects: list[object], event: object, now: float) -> None:
         key = (prev.phase, type(event))
@@ -161,10 +199,13 @@ class Checker:
         # The phase entered is the table's target, or stays, or is a guard's failure branch.
         if new.phase is not prev.phase:
             assert new.phase in {TRANSITIONS[key], Phase.DECIDING, Phase.FAILED}
-        # Participants and answers.
-        assert new.reported <= new.participants
-        if new.phase not in (Phase.STOPPING, Phase.GLOBAL_FAULT, Phase.RECOVERING):
+        # Answers: only from those required (the participants, and in RECOVERING the agents of the
+        # commanded nodes); commanded nodes are awaited only in RECOVERING.
+        assert new.reported <= required(new)
+        if new.phase not in WAITING_PHASES:
             assert new.reported == frozenset()
+        if new.phase is not Phase.RECOVERING:
+            assert new.command_nodes == frozenset()
         # Deadlines: armed in every active phase, none at rest.
         if new.phase in ACTIVE_PHASES:
             assert new.deadline_at is not None and new.deadline_at >= new.phase_log[-1][1]
@@ -204,6 +245,9 @@ class Checker:
             assert all(c.strategy == new.strategy for c in commands)
         if entered_recovering:
             assert commands
+            assert new.command_nodes == {c.node for c in commands}
+        elif new.phase is Phase.RECOVERING:
+            assert new.command_nodes == prev.command_nodes
         # The job is finished at most once, and only by entering FAILED.
         finishes = [e for e in effects if isinstance(e, FinishJob)]
         self.finished += len(finishes)
@@ -228,11 +272,36 @@ class Checker:
             assert new.epoch == prev.epoch + 1
             assert new.phase in (Phase.COLLECTING, Phase.STOPPING, Phase.DECIDING)
             assert (new.recovery_id == prev.recovery_id + 1) == (new.phase is Phase.COLLECTING)
-        # A report counts only from a current participant that has not answered this phase yet,
-        # whatever its code: anything else changes nothing.
+        # A report is news exactly when it comes from someone required who has not answered this
+        # phase yet (in RECOVERING that includes a commanded agent that is no participant, even a
+        # lost one): news always changes the record, anything else changes nothing, whatever its code.
         if isinstance(event, REPORTS) and key in TRANSITIONS and event.epoch == prev.epoch:
-            if event.participant not in prev.participants or event.participant in prev.reported:
+            news = event.participant in required(prev) and event.participant not in prev.reported
+            if news:
+                assert new is not prev
+                if event.participant not in prev.participants:
+                    assert prev.phase is Phase.RECOVERING and event.participant in commanded_agents(prev)
+            else:
                 assert new is prev and effects == []
+        # A waiting phase completes exactly when everyone required answered (and someone is left).
+        if prev.phase in WAITING_PHASES and key in TRANSITIONS and getattr(event, "epoch", prev.epoch) == prev.epoch:
+            after = prev
+            answered = prev.reported
+            if isinstance(event, ParticipantsChanged):
+                after = dataclasses.replace(prev, participants=event.participants)
+            elif isinstance(event, REPORTS) and event.participant in required(prev):
+                answered = prev.reported | {event.participant}
+            completed = new.phase is NEXT[prev.phase] and new.epoch == prev.epoch
+            if completed:
+                assert after.participants and required(after) <= answered
+                assert commanded_agents(prev) <= answered
+            elif isinstance(event, (ParticipantsChanged, *REPORTS)) and getattr(event, "code", 0) == 0:
+                assert not (after.participants and required(after) <= answered)
+        # A missed RECOVERING deadline names everyone required who did not answer.
+        if isinstance(event, DeadlinePassed) and prev.phase is Phase.RECOVERING and new is not prev:
+            missing = sorted(required(prev) - prev.reported)
+            why = new.failed_strategies[-1][1] if new.phase is Phase.DECIDING else new.outcome
+            assert why.endswith(f"not confirmed in time by {missing}"), why
         # A strategy is in progress exactly in RECOVERING; a failed one is recorded and cleared.
         if new.phase in NO_STRATEGY_PHASES:
             assert new.strategy == ""
@@ -255,6 +324,7 @@ class Checker:
                 assert new.participants
         if new.phase is Phase.DONE and prev.phase is Phase.RECOVERING:
             assert new.participants and new.outcome == "succeeded"
+            assert new.command_nodes == frozenset() and prev.command_nodes
         # `exit` restarts every node the decision (or the deciding deadline) named, plus every fault node.
         if commands and isinstance(event, (DecisionMade, DeadlinePassed)):
             job_nodes = set(event.nodes) | {f.node for f in new.faults}
@@ -313,4 +383,8 @@ def test_seeded_walks_exercise_every_table_entry() -> None:
         "waiting with no participant",
         "give-up",
         "exit failed",
+        "a commanded agent that is not a participant answered",
+        "every participant answered, a commanded agent has not",
+        "a commanded agent was lost",
+        "recovering deadline waiting for a commanded agent",
     }

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import psutil
 import pytest
+
 from recoverd.etcd_server import EmbeddedEtcd
 
 log = logging.getLogger("recoverd.tests")

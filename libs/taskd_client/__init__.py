@@ -1,1 +1,9 @@
-"""The recoverd client library for training scripts (DLRecoverManager over etcd arrives with issue 3)."""
+"""The recoverd client library for training scripts.
+
+``DLRecoverManager`` (``taskd_client.manager``) is MindCluster's client API over etcd: a job's
+controller registers, receives the recovery signals and reports its answers. See docs/client.md.
+"""
+
+from taskd_client.manager import DLRecoverManager, RecoverManager
+
+__all__ = ["DLRecoverManager", "RecoverManager"]

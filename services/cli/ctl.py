@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from google.protobuf import json_format
+
 from recoverd.errors import RecoverdError
 from recoverd.jobview import JobView, read_job
 from recoverd.keys import DEFAULT_PREFIX, Keyspace, RunRef

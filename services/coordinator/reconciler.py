@@ -286,6 +286,9 @@ class Coordinator:
                     rank=fault.rank,
                 )
                 continue
+            if not fault.node:
+                # A client reports ranks, not nodes: the rank tables say where each rank runs.
+                fault.node = next((n for n, t in view.ranks.items() if any(r.rank == fault.rank for r in t.ranks)), "")
             apply(FaultReported(fault_from_pb(fault), live))
 
         # 1b. A node whose lease expired while its ranks ran: each of its running ranks is a fault.

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import psutil
+
 from recoverd.errors import LaunchFailed
 
 __all__ = ["ExitInfo", "Launcher", "RankLaunch", "RankProcess", "read_tail"]

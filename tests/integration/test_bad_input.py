@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from recoverd.keys import RunRef
 from recoverd.records import decode, encode, pb, ts_from_s
 from recoverd.store import KV, Store

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import pytest
+
 from recoverd.records import pb
 
 from .cluster import Cluster

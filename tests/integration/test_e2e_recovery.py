@@ -13,6 +13,7 @@ import signal
 
 import psutil
 import pytest
+
 from recoverd.records import decode, pb
 
 from .cluster import Cluster

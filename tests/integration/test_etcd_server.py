@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from recoverd.errors import ConfigError
 from recoverd.etcd_server import ETCD_BIN_ENV, EmbeddedEtcd, EtcdStartFailed, find_etcd_binary
 from recoverd.store import Store

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from recoverd.coordinator.reconciler import Coordinator, CoordinatorSettings
 from recoverd.errors import FenceLost
 from recoverd.etcd_server import EmbeddedEtcd

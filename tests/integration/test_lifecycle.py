@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from recoverd.records import pb
 
 from .cluster import WORKER, Cluster

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
+
 from recoverd.errors import ConfigError
 from recoverd.etcd_server import EmbeddedEtcd, find_etcdctl_binary
 from recoverd.store import (

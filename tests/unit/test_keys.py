@@ -6,6 +6,7 @@ import ast
 from pathlib import Path
 
 import pytest
+
 from recoverd.errors import BadRecord
 from recoverd.keys import DEFAULT_PREFIX, KeyKind, Keyspace, RunRef, check_id
 

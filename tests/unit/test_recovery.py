@@ -11,6 +11,7 @@ import dataclasses
 import typing
 
 import pytest
+
 from recoverd.coordinator.recovery import (
     CHEAPER_THAN_EXIT,
     TRANSITIONS,

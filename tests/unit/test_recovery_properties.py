@@ -18,6 +18,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from recoverd.coordinator.recovery import (
     ACTIVE_PHASES,
     CHEAPER_THAN_EXIT,

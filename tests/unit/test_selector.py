@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from recoverd.strategy.selector import Outcome, PolicyView, Request, choose
 
 RIP = PolicyView(strategies=("recover-in-place", "exit"), max_rank_restarts=2, max_job_restarts=2, restart_window_s=60)

@@ -135,11 +135,12 @@ class DLRecoverManager(RecoverManager):
         self._session = ClientSession(self._store, self._keys, info.jobId, role=info.role, lease_ttl_s=ttl)
 
     # ---------------------------------------------------------------- plumbing
-    def _call(self, coro: Any) -> Any:
+    def _call(self, coro: Any, timeout_s: float | None = -1.0) -> Any:
+        """Run ``coro`` on the private loop; ``timeout_s`` None waits as long as it takes."""
         if self._closed.is_set():
             coro.close()
             raise RecoverdError(f"DLRecoverManager for job {self.info.jobId} is closed")
-        return self._loop.call(coro, self.call_timeout_s)
+        return self._loop.call(coro, self.call_timeout_s if timeout_s == -1.0 else timeout_s)
 
     def close(self) -> None:
         """Deregister (the agents take over at once), stop a running subscription, free the thread."""
@@ -172,7 +173,7 @@ class DLRecoverManager(RecoverManager):
     # ---------------------------------------------------------------- MindCluster API
     def init_clusterd(self) -> bool:
         """Wait (by watch) until the job exists; False when its policy turns process recovery off (403)."""
-        spec = self._loop.call(self._session.wait_for_job(), None)
+        spec = self._call(self._session.wait_for_job(), None)
         if not set(spec.policy.strategies) - {"exit"}:
             log.warning("job %s allows only exit: process-level recovery is off (403)", self.info.jobId)
             return False
@@ -212,7 +213,7 @@ class DLRecoverManager(RecoverManager):
         job whose controller is another process): an observer is never a participant, so its
         reports are refused (400) and nobody waits for it.
         """
-        self._loop.call(self._session.wait_for_job(), None)
+        self._call(self._session.wait_for_job(), None)
         self._consume()
 
     def _consume(self) -> None:
@@ -254,6 +255,7 @@ class DLRecoverManager(RecoverManager):
             return False
         log.info("job %s: signal %s %s ranks %s", self.info.jobId, delivery.signal_type, list(delivery.actions),
                  delivery.fault_ranks)  # fmt: skip
+        self._session.delivered(signal)
         if delivery.is_kill_master:
             self._run_handler(KILL_MASTER, delivery, message)
             return True

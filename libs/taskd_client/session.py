@@ -72,6 +72,7 @@ class ClientSession:
         self.registered_revision = 0
         self._lease: LeaseKeeper | None = None
         self._last_signal: pb.Signal | None = None
+        self._keeper: asyncio.Task[None] | None = None
 
     @property
     def is_registered(self) -> bool:
@@ -130,11 +131,37 @@ class ClientSession:
             [], [Put(self.keys.client(self.run, self.client_id), encode(record), lease.id), note]
         )
         self._lease = lease
-        self.registered_revision = result.revision
+        self.registered_revision = self.registered_revision or result.revision
+        if self._keeper is None:
+            self._keeper = asyncio.create_task(self._keep_registered(ranks), name=f"client-{self.client_id}-lease")
         return Outcome(Code.OK, "register success")
+
+    async def _keep_registered(self, ranks: Sequence[int], retry_s: float = 0.2) -> None:
+        """Register again whenever the lease is lost (etcd was away longer than the TTL): a live
+        client must not silently stop being a participant."""
+        while True:
+            lease = self._lease
+            if lease is None:
+                return
+            await lease.lost.wait()
+            if self._lease is not lease:
+                continue
+            log.warning("client %s: lease lost; registering again", self.client_id)
+            self._lease = None
+            while True:
+                try:
+                    await self.register(ranks)
+                    break
+                except RecoverdError:
+                    await asyncio.sleep(retry_s)
 
     async def deregister(self) -> None:
         """Stop being a participant at once (revokes the lease); idempotent."""
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None and keeper is not asyncio.current_task():
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
         lease, self._lease = self._lease, None
         if lease is not None:
             await lease.aclose()
@@ -233,24 +260,37 @@ class ClientSession:
         return Outcome(Code.OK, "ok")
 
     # ---------------------------------------------------------------- signals
+    def delivered(self, signal: pb.Signal) -> None:
+        """Mark ``signal`` as handed to the handlers: reports from now on answer it.
+
+        Set by the subscriber when the handlers get the signal, not when it arrives, so a slow
+        handler's answer can never be stamped with a newer signal it has not seen.
+        """
+        self._last_signal = signal
+
     async def signals(self) -> AsyncIterator[pb.Signal]:
         """Every signal of the run from registration on, in order, each exactly once.
 
-        Starts with the signal a recovery in progress is waiting on, if any. Survives etcd restarts
-        (the watch resumes; a resync re-reads and skips what was already delivered).
+        A registered client gets every signal written after its registration (also those written
+        before it subscribed), preceded by the signal a recovery in progress is waiting on; an
+        observer (not registered) gets the pending signal, then what follows. Survives etcd
+        restarts (the watch resumes; a resync re-reads and skips what was already delivered).
         """
         if self.run is None:
             raise RecoverdError("find the job (wait_for_job or register) before subscribing")
         run = self.run
-        last_seq = 0
         snap = await self.store.get_prefix(self.keys.signals_prefix(run))
-        pending = await self._pending_signal(run, snap.kvs)
+        since = self.registered_revision or snap.revision
+        backlog = sorted((kv for kv in snap.kvs if kv.mod_revision > since), key=lambda kv: self._seq(kv.key))
+        pending = await self._pending_signal(run, [kv for kv in snap.kvs if kv.mod_revision <= since])
+        last_seq = max((self._seq(kv.key) for kv in snap.kvs if kv.mod_revision <= since), default=0)
         if pending is not None:
-            last_seq = pending.seq
-            self._last_signal = pending
             yield pending
-        else:
-            last_seq = max((self._seq(kv.key) for kv in snap.kvs), default=0)
+        for kv in backlog:
+            signal = self._decode_signal(kv)
+            last_seq = max(last_seq, self._seq(kv.key))
+            if signal is not None:
+                yield signal
         async for item in self.store.watch_prefix(self.keys.signals_prefix(run), snap.revision + 1):
             batch: list[Any]
             if isinstance(item, Resync):
@@ -259,19 +299,21 @@ class ClientSession:
                 continue
             else:
                 batch = [item]
-            for kv in batch:
+            for kv in sorted(batch, key=lambda kv: self._seq(kv.key)):
                 seq = self._seq(kv.key)
                 if seq <= last_seq:
                     continue
-                try:
-                    signal = decode(pb.Signal, kv.value, kv.key)
-                except BadRecord as err:
-                    log.warning("skipping a malformed signal: %s", err)
-                    last_seq = seq
-                    continue
                 last_seq = seq
-                self._last_signal = signal
-                yield signal
+                signal = self._decode_signal(kv)
+                if signal is not None:
+                    yield signal
+
+    def _decode_signal(self, kv: Any) -> pb.Signal | None:
+        try:
+            return decode(pb.Signal, kv.value, kv.key)
+        except BadRecord as err:
+            log.warning("skipping a malformed signal: %s", err)
+            return None
 
     async def _pending_signal(self, run: RunRef, kvs: Sequence[object]) -> pb.Signal | None:
         kv = await self.store.get(self.keys.recovery(run))

@@ -9,10 +9,12 @@ import time
 from collections.abc import Iterator
 
 import pytest
+
 from recoverd.codes import Code
 from recoverd.mindcluster import recover_pb2 as wire
 from recoverd.records import pb
 from taskd_client import DLRecoverManager
+from taskd_client.session import ClientSession
 
 from .cluster import Cluster
 
@@ -79,6 +81,12 @@ def controller_for(cluster: Cluster) -> Iterator[object]:
         controller.close()
 
 
+async def _die(session: ClientSession) -> None:
+    assert session._keeper is not None and session._lease is not None
+    session._keeper.cancel()
+    await session._lease.aclose(revoke=False)
+
+
 def _done(cluster: Cluster, job: str, recovery_id: int = 1) -> object:
     view = cluster.view(job)
     rec = view.recovery
@@ -142,8 +150,8 @@ def test_a_killed_client_falls_back_to_the_agents(cluster: Cluster, controller_f
     assert view.recovery is not None and view.recovery.phase == pb.PHASE_STOPPING
     assert list(view.recovery.participants) == [f"client.{controller.manager.client_id}"]
     # The client's process dies: its lease expires and the agents answer instead of the
-    # recovery waiting forever (simulated by dropping the lease without revoking it).
-    controller.manager._loop.call(controller.manager._session._lease.aclose(revoke=False))  # type: ignore[union-attr]
+    # recovery waiting forever (simulated: the lease is dropped unrevoked and nothing renews it).
+    controller.manager._call(_die(controller.manager._session))
     view = cluster.wait_for("the agents to finish the recovery", lambda: _done(cluster, "job-fallback"))
     assert list(view.recovery.participants) == ["agent.node0"]  # type: ignore[attr-defined]
     after = cluster.ranks("job-fallback")

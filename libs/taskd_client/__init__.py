@@ -4,6 +4,6 @@
 controller registers, receives the recovery signals and reports its answers. See docs/client.md.
 """
 
-from taskd_client.manager import DLRecoverManager, RecoverManager
+from taskd_client.manager import DLRecoverManager, Handler, RecoverManager
 
-__all__ = ["DLRecoverManager", "RecoverManager"]
+__all__ = ["DLRecoverManager", "Handler", "RecoverManager"]

@@ -130,6 +130,9 @@ class DLRecoverManager(RecoverManager):
         self._initialised = False
         self._closed = threading.Event()
         self._pumps: set[concurrent.futures.Future[None]] = set()
+        self._was_registered = False
+        #: Set once a subscription is live: every signal published from then on will be delivered.
+        self.subscribed = threading.Event()
         self._loop = LoopThread(name=f"recoverd-client-{info.jobId}")
         self._store = Store(endpoints, op_timeout_s=min(call_timeout_s, 5.0))
         self._session = ClientSession(self._store, self._keys, info.jobId, role=info.role, lease_ttl_s=ttl)
@@ -191,6 +194,8 @@ class DLRecoverManager(RecoverManager):
         if not self._initialised:
             return pb.Status(code=Code.UNINIT, info="call init_clusterd first")
         outcome: Outcome = self._call(self._session.register())
+        if outcome.code == Code.OK:
+            self._was_registered = True
         return pb.Status(code=outcome.code, info=outcome.info)
 
     def start_subscribe(self, frame: str = "pytorch") -> None:
@@ -221,7 +226,7 @@ class DLRecoverManager(RecoverManager):
 
         async def pump() -> None:
             try:
-                async for signal in self._session.signals():
+                async for signal in self._session.signals(on_ready=self.subscribed.set):
                     inbox.put(signal)
             except asyncio.CancelledError:
                 inbox.put(None)  # closed: the subscription ends quietly
@@ -246,6 +251,7 @@ class DLRecoverManager(RecoverManager):
         finally:
             future.cancel()
             self._pumps.discard(future)
+            self.subscribed.clear()
 
     def _deliver(self, signal: records.Signal) -> bool:
         """Run one signal's handlers; True after killMaster (the subscription ends)."""
@@ -278,17 +284,22 @@ class DLRecoverManager(RecoverManager):
         """A failed handler is this client's answer to the phase: failure, not silence."""
         kind = _REPORT_KINDS.get(action)
         text = f"{action} handler failed: {err!r}"
-        if kind == records.REPORT_STOP_COMPLETE:
-            self.report_stop_complete(Code.CLIENT_ERROR, text, delivery.fault_ranks)
-        elif kind == records.REPORT_STRATEGIES:
-            self.report_recover_strategy(delivery.fault_ranks, ["exit"])
-        elif kind == records.REPORT_RECOVER_STATUS:
-            self.report_recover_status(Code.CLIENT_ERROR, text, delivery.fault_ranks, "")
+        try:
+            if kind == records.REPORT_STOP_COMPLETE:
+                self.report_stop_complete(Code.CLIENT_ERROR, text, delivery.fault_ranks)
+            elif kind == records.REPORT_STRATEGIES:
+                self.report_recover_strategy(delivery.fault_ranks, ["exit"])
+            elif kind == records.REPORT_RECOVER_STATUS:
+                self.report_recover_status(Code.CLIENT_ERROR, text, delivery.fault_ranks, "")
+        except Exception:
+            # The subscription goes on: the phase's deadline escalates if this answer never lands.
+            log.exception("could not report the failure of the %r handler", action)
 
     # ---------------------------------------------------------------- reports
     def _report(self, make: Callable[[], Any]) -> int:
         outcome: Outcome = self._call(make())
-        if outcome.code in _RETRY_AFTER:
+        if outcome.code in _RETRY_AFTER and self._was_registered:
+            # Registered before and lost it (e.g. a lease that expired): register again, once.
             self._call(self._session.register())
             outcome = self._call(make())
         if outcome.code != Code.OK:

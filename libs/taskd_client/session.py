@@ -23,7 +23,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -268,7 +268,7 @@ class ClientSession:
         """
         self._last_signal = signal
 
-    async def signals(self) -> AsyncIterator[pb.Signal]:
+    async def signals(self, on_ready: Callable[[], None] | None = None) -> AsyncIterator[pb.Signal]:
         """Every signal of the run from registration on, in order, each exactly once.
 
         A registered client gets every signal written after its registration (also those written
@@ -280,6 +280,8 @@ class ClientSession:
             raise RecoverdError("find the job (wait_for_job or register) before subscribing")
         run = self.run
         snap = await self.store.get_prefix(self.keys.signals_prefix(run))
+        if on_ready is not None:
+            on_ready()  # everything after this read reaches the watch below
         since = self.registered_revision or snap.revision
         backlog = sorted((kv for kv in snap.kvs if kv.mod_revision > since), key=lambda kv: self._seq(kv.key))
         pending = await self._pending_signal(run, [kv for kv in snap.kvs if kv.mod_revision <= since])

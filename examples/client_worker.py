@@ -1,0 +1,300 @@
+"""A training script that takes part in its own recovery through ``DLRecoverManager`` (no framework).
+
+Run it as the ranks of a recoverd job, like examples/worker.py::
+
+    recoverd run --nproc-per-node 4 --job demo --strategies recover-in-place,exit -- \\
+        python examples/client_worker.py --steps 200 --step-time 0.1
+
+Every rank runs ``--steps`` steps of ``--step-time`` seconds, prints each, and exits 0. For recovery
+the ranks have two roles (MindCluster style: one controller per job):
+
+* **Rank 0 hosts the job's controller.** A ``DLRecoverManager`` on a background thread runs
+  ``init_clusterd``, ``register`` and ``start_subscribe``. While it is registered, the controller is
+  the recovery's only participant: the coordinator waits for its answers, the agents stay silent.
+  Its handlers: ``stop_train`` pauses rank 0's own loop, then ``report_stop_complete``;
+  ``on_global_rank`` offers ``["exit"]`` with ``report_recover_strategy`` (all that a plain script
+  can do: ``recover-in-place`` comes from the job's policy, ``--strategies``, and the agents carry
+  it out); ``change_strategy`` reports the outcome with ``report_recover_status``, then resumes;
+  ``killMaster`` stops training and the rank exits 1.
+* **Every other rank is an observer.** It runs ``observe()`` on a background thread: it receives
+  the same signals, but it never registers, so nobody waits for it and it does not report. Its
+  handlers: ``stop_train`` pauses its loop, ``change_strategy`` resumes it, ``killMaster`` stops it.
+
+The agents still do what no script can do for itself: they detect a rank's exit (the fault) and
+restart processes. With ``recover-in-place`` they restart only the faulty ranks: the survivors keep
+their processes, pause at stopTrain and resume at changeStrategy. With ``exit`` they restart every
+rank. A restarted rank (``RECOVERD_RESTART_COUNT`` > 0) starts like any other and says that it is
+the replacement; a new rank 0 registers again as the controller.
+
+If the controller's process dies, its registration lease expires after
+``$RECOVERD_CLIENT_LEASE_TTL`` seconds (default 5; ``DLRecoverManager`` reads it) and the agents
+answer the recovery in its place. At the end of its steps rank 0 closes the manager, which
+deregisters the controller at once.
+
+Environment, set by the agent: ``RANK``, ``RECOVERD_ETCD``, ``RECOVERD_JOB``, ``RECOVERD_PREFIX``,
+``RECOVERD_RESTART_COUNT``. See docs/client.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import FrameType
+
+from recoverd.codes import Code
+from recoverd.mindcluster import recover_pb2 as pb
+from taskd_client import DLRecoverManager
+
+#: ``handler(fault_ranks, signal)``, as DLRecoverManager calls it: fault_ranks is ``{rank: faultType}``.
+Handler = Callable[[dict[int, int], pb.ProcessManageSignal], None]
+
+CONTROLLER_RANK = 0
+KILLED_EXIT_CODE = 1
+CLOSE_JOIN_S = 5.0
+
+
+def say(rank: int, text: str) -> None:
+    print(f"rank {rank}: {text}", flush=True)
+
+
+@dataclass(frozen=True, slots=True)
+class RankEnv:
+    """What this process learns from the agent's environment."""
+
+    rank: int
+    restart: int
+    job: str
+    server_addr: str
+    prefix: str | None
+
+    @classmethod
+    def from_environ(cls) -> RankEnv:
+        job, etcd = os.environ.get("RECOVERD_JOB"), os.environ.get("RECOVERD_ETCD")
+        if not job or not etcd:
+            raise SystemExit("client_worker.py runs as a recoverd rank: RECOVERD_JOB and RECOVERD_ETCD are unset")
+        return cls(
+            rank=int(os.environ.get("RANK", "0")),
+            restart=int(os.environ.get("RECOVERD_RESTART_COUNT", "0")),
+            job=job,
+            server_addr=etcd_server_addr(etcd),
+            prefix=os.environ.get("RECOVERD_PREFIX") or None,
+        )
+
+    @property
+    def is_controller(self) -> bool:
+        return self.rank == CONTROLLER_RANK
+
+
+def etcd_server_addr(etcd: str) -> str:
+    """DLRecoverManager's ``server_addr`` for ``$RECOVERD_ETCD``: its first endpoint, as ``etcd://host:port``."""
+    first = etcd.split(",")[0].strip()
+    return first if first.startswith(("etcd://", "http://", "https://")) else f"etcd://{first}"
+
+
+class TrainingGate:
+    """The training loop's brake, worked by the signal handlers from the client's thread.
+
+    The loop calls :meth:`between_steps` before each step; a pause takes effect there (a step is
+    never cut in half), and :meth:`pause` can wait until it has.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._paused = False
+        self._parked = False  # the loop is outside a step: held at a pause, or finished
+        self._exit_code: int | None = None
+
+    def pause(self, timeout_s: float | None = None) -> bool:
+        """Hold the loop at its next step boundary; with a timeout, True once it is held there."""
+        with self._cond:
+            self._paused = True
+            self._cond.notify_all()
+            return timeout_s is None or self._cond.wait_for(lambda: self._parked, timeout_s)
+
+    def resume(self) -> bool:
+        """Let the loop go on; True if it was paused."""
+        with self._cond:
+            was_paused, self._paused = self._paused, False
+            self._cond.notify_all()
+            return was_paused
+
+    def abort(self, exit_code: int) -> None:
+        """End training at the next step boundary (or at once, if it is held) with ``exit_code``."""
+        with self._cond:
+            self._exit_code = exit_code
+            self._cond.notify_all()
+
+    def between_steps(self) -> int | None:
+        """Wait while paused; the exit code once aborted, else None (go on)."""
+        with self._cond:
+            self._parked = True
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: not self._paused or self._exit_code is not None)
+            self._parked = self._exit_code is not None
+            return self._exit_code
+
+    def finish(self) -> None:
+        with self._cond:
+            self._parked = True
+            self._cond.notify_all()
+
+
+# ---------------------------------------------------------------------- handlers
+
+
+def follower_handlers(rank: int, gate: TrainingGate) -> dict[str, Handler]:
+    """What every rank does with the signals: pause at stopTrain, resume at changeStrategy, stop at killMaster."""
+
+    def stop_train(fault_ranks: dict[int, int], _signal: pb.ProcessManageSignal) -> None:
+        gate.pause()
+        say(rank, f"paused: stopTrain for fault ranks {fault_ranks}")
+
+    def change_strategy(_fault_ranks: dict[int, int], signal: pb.ProcessManageSignal) -> None:
+        # A real job would rebuild its communicators here before going on.
+        resumed = gate.resume()
+        say(rank, f"{'resumed' if resumed else 'running'}: changeStrategy {signal.changeStrategy} {signal.extraParams}")
+
+    def fault_nodes_restart(fault_ranks: dict[int, int], _signal: pb.ProcessManageSignal) -> None:
+        say(rank, f"the agents restart only ranks {sorted(fault_ranks)}")
+
+    def kill_master(_fault_ranks: dict[int, int], _signal: pb.ProcessManageSignal) -> None:
+        say(rank, "killMaster: the job failed, stopping")
+        gate.abort(KILLED_EXIT_CODE)
+
+    return {
+        "stop_train": stop_train,
+        "change_strategy": change_strategy,
+        "fault_nodes_restart": fault_nodes_restart,
+        "killMaster": kill_master,
+    }
+
+
+def controller_handlers(
+    rank: int, gate: TrainingGate, manager: DLRecoverManager, stop_timeout_s: float
+) -> dict[str, Handler]:
+    """The follower's handlers plus the controller's answers, one per phase of the recovery."""
+    handlers = follower_handlers(rank, gate)
+    resume = handlers["change_strategy"]
+
+    def stop_train(fault_ranks: dict[int, int], _signal: pb.ProcessManageSignal) -> None:
+        stopped = gate.pause(stop_timeout_s)
+        code, message = (0, "") if stopped else (Code.CLIENT_ERROR, f"rank {rank} still in a step")
+        answer = manager.report_stop_complete(code, message, fault_ranks)
+        say(rank, f"paused: stopTrain for fault ranks {fault_ranks}; stop-complete {code} answered {answer}")
+
+    def on_global_rank(fault_ranks: dict[int, int], _signal: pb.ProcessManageSignal) -> None:
+        answer = manager.report_recover_strategy(fault_ranks, ["exit"])
+        say(rank, f"globalFault for {fault_ranks}: offered [exit], answered {answer}")
+
+    def change_strategy(fault_ranks: dict[int, int], signal: pb.ProcessManageSignal) -> None:
+        answer = manager.report_recover_status(0, "", fault_ranks, signal.changeStrategy)
+        say(rank, f"recover status 0 for {signal.changeStrategy} answered {answer}")
+        resume(fault_ranks, signal)
+
+    return {**handlers, "stop_train": stop_train, "on_global_rank": on_global_rank, "change_strategy": change_strategy}
+
+
+# ---------------------------------------------------------------------- the client thread
+
+
+def serve_as_controller(manager: DLRecoverManager, rank: int) -> None:
+    """Init, register, then answer the job's recoveries until killMaster or close()."""
+    if not manager.init_clusterd():
+        say(rank, "the job allows only exit: no controller, the agents answer recoveries")
+        return
+    status = manager.register(manager.info)
+    if status.code != Code.OK:
+        say(rank, f"register refused ({status.code} {status.info}): the agents answer recoveries")
+        return
+    say(rank, f"registered as the controller of job {manager.info.jobId} (client {manager.client_id})")
+    manager.start_subscribe()
+
+
+def serve_as_observer(manager: DLRecoverManager, rank: int) -> None:
+    """Follow the job's recoveries without taking part in them, until killMaster or close()."""
+    say(rank, f"observing the recoveries of job {manager.info.jobId}")
+    manager.observe()
+
+
+def start_client(me: RankEnv, gate: TrainingGate, stop_timeout_s: float) -> tuple[DLRecoverManager, threading.Thread]:
+    """This rank's DLRecoverManager, serving on a daemon thread (handlers run on that thread)."""
+    role = "controller" if me.is_controller else "observer"
+    manager = DLRecoverManager(pb.ClientInfo(jobId=me.job, role=role), me.server_addr, prefix=me.prefix)
+    if me.is_controller:
+        handlers = controller_handlers(me.rank, gate, manager, stop_timeout_s)
+        serve = serve_as_controller
+    else:
+        handlers = follower_handlers(me.rank, gate)
+        serve = serve_as_observer
+    for action, handler in handlers.items():
+        manager.set_handler(action, handler)
+
+    def run() -> None:
+        try:
+            serve(manager, me.rank)
+        except Exception:
+            logging.getLogger(__name__).exception("the recovery client failed; training goes on without it")
+            manager.close()  # a controller that cannot answer must not stay registered
+
+    thread = threading.Thread(target=run, name=f"recovery-{role}", daemon=True)
+    thread.start()
+    return manager, thread
+
+
+# ---------------------------------------------------------------------- training
+
+
+def train(rank: int, steps: int, step_time: float, gate: TrainingGate) -> int:
+    for step in range(steps):
+        exit_code = gate.between_steps()
+        if exit_code is not None:
+            say(rank, f"stopped before step {step}, exit {exit_code}")
+            return exit_code
+        time.sleep(step_time)
+        print(f"rank {rank} step {step}", flush=True)
+    gate.finish()
+    print(f"rank {rank} done", flush=True)
+    return 0
+
+
+def _exit_on_sigterm(signum: int, _frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)  # unwinds through main's finally: the manager is closed
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--step-time", type=float, default=0.1)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    me = RankEnv.from_environ()
+    logging.basicConfig(level=logging.WARNING, format=f"rank {me.rank} %(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    print(
+        f"rank {me.rank} pid {os.getpid()} world {os.environ.get('WORLD_SIZE')} generation"
+        f" {os.environ.get('RECOVERD_GENERATION')} restart {me.restart}",
+        flush=True,
+    )
+    if me.restart:
+        say(me.rank, f"the replacement (restart {me.restart}) starts")
+    gate = TrainingGate()
+    manager, thread = start_client(me, gate, stop_timeout_s=max(1.0, 2 * args.step_time))
+    try:
+        return train(me.rank, args.steps, args.step_time, gate)
+    finally:
+        manager.close()  # deregisters the controller: the agents answer for the job from now on
+        thread.join(CLOSE_JOIN_S)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

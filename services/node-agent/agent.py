@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 from recoverd import events, participants
 from recoverd.agent.launcher import ExitInfo, Launcher, RankLaunch, RankProcess, read_tail
+from recoverd.agent.runtime import RankRuntime, RuntimeFactory
 from recoverd.errors import BadRecord, EtcdUnavailable, JobSpecMismatch, LaunchFailed, RecoverdError
 from recoverd.jobview import read_job
 from recoverd.keys import Keyspace, RunRef
@@ -142,6 +143,7 @@ class NodeAgent:
         keys: Keyspace,
         settings: AgentSettings,
         protected_pids: Callable[[], set[int]] = set,
+        runtime: RuntimeFactory = Launcher,
     ) -> None:
         if settings.node_rank < 0 or settings.node_rank >= settings.nnodes:
             raise JobSpecMismatch(f"--node-rank {settings.node_rank} is outside 0..{settings.nnodes - 1}")
@@ -149,11 +151,12 @@ class NodeAgent:
         self.keys = keys
         self.settings = settings
         self._protected_pids = protected_pids
+        self._runtime_factory = runtime
         self.participant = participants.of_node(settings.node)
         self.slots = {rank: RankSlot(rank, local) for local, rank in enumerate(settings.local_ranks)}
         self.spec: pb.JobSpec | None = None
         self.run_ref: RunRef | None = None
-        self._launcher: Launcher | None = None
+        self._launcher: RankRuntime | None = None
         self._lease: LeaseKeeper | None = None
         self._dirty = asyncio.Event()
         self._wake = asyncio.Event()
@@ -168,7 +171,7 @@ class NodeAgent:
         """Join, start the ranks, serve until the job ends or a signal arrives; return the exit code."""
         loop = asyncio.get_running_loop()
         self._exit_code = loop.create_future()
-        self._launcher = Launcher(self._on_rank_exit, self._protected_pids)
+        self._launcher = self._runtime_factory(self._on_rank_exit, self._protected_pids)
         lease = LeaseKeeper(self.store, self.settings.lease_ttl_s)
         await lease.__aenter__()
         self._lease = lease
@@ -189,6 +192,7 @@ class NodeAgent:
                         group.create_task(self._watch(), name="agent-watch"),
                         group.create_task(self._worker(), name="agent-worker"),
                         group.create_task(self._keep_registered(), name="agent-lease"),
+                        group.create_task(self._launcher.watch(), name="agent-runtime"),
                     ]
                     code = await self._exit_code
                     await self._finish(code)

@@ -59,6 +59,8 @@ class ExitInfo:
         return self.exit_code == 0
 
     def describe(self) -> str:
+        if self.signal is None and self.exit_code is None:
+            return "failed (exit status unknown)"
         if self.signal is not None:
             try:
                 name = signal.Signals(self.signal).name
@@ -197,6 +199,10 @@ class Launcher:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pgid, signal.SIGKILL)
         return await proc.exited
+
+    async def watch(self) -> None:
+        """Nothing to watch: exits arrive through the pidfds registered with the loop."""
+        return
 
     async def stop_all(self, grace_s: float) -> None:
         await asyncio.gather(*(self.stop(p, grace_s) for p in list(self._procs)))

@@ -1,0 +1,1 @@
+"""TaskD's recover module path: ``recover_manager`` and ``pb``, served by recoverd."""

@@ -1,0 +1,1 @@
+"""The Recover gRPC gateway: MindCluster's ClusterD service for unmodified upstream clients, over etcd."""

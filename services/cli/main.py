@@ -174,6 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(coordinator, etcd_required=True)
     _add_timeouts(coordinator)
 
+    sub.add_parser(
+        "adopt",
+        help="adopt rank processes started elsewhere (reset_process.py's flags; recoverd adopt --help)",
+        add_help=False,
+    )
+
     strategy = sub.add_parser("strategy", help="the strategy selector")
     _add_common(strategy, etcd_required=True)
 
@@ -342,6 +348,12 @@ async def _main_async(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["adopt"]:  # its own flags, upstream's reset_process.py's (services/cli/adopt.py)
+        from recoverd.cli import adopt
+
+        adopt.main(argv[1:])
+        return
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),

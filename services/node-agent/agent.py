@@ -101,6 +101,10 @@ class AgentSettings:
     retry_s: float = 0.1
     retry_max_s: float = 2.0
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    #: Signals that end the agent, and its exit code for each (ranks are stopped first).
+    exit_signals: Mapping[int, int] = field(
+        default_factory=lambda: {signal.SIGTERM: EXIT_SIGTERM, signal.SIGINT: EXIT_SIGINT}
+    )
 
     @property
     def world_size(self) -> int:
@@ -181,7 +185,7 @@ class NodeAgent:
             except JobSpecMismatch as err:
                 log.error("refused to join job %s: %s", self.settings.job, err.detail)
                 return EXIT_REFUSED
-            for signum, code in ((signal.SIGTERM, EXIT_SIGTERM), (signal.SIGINT, EXIT_SIGINT)):
+            for signum, code in self.settings.exit_signals.items():
                 loop.add_signal_handler(signum, self._request_exit, code)
             loop.add_signal_handler(signal.SIGCHLD, self._launcher.reap_strays)
             self._start_all(generation=0, header="launch")
@@ -199,7 +203,7 @@ class NodeAgent:
                     for task in tasks:
                         task.cancel()
             finally:
-                for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+                for signum in (*self.settings.exit_signals, signal.SIGCHLD):
                     loop.remove_signal_handler(signum)
             return code
         finally:

@@ -41,7 +41,7 @@ from recoverd.agent.launcher import ExitInfo, RankLaunch, RankProcess
 from recoverd.agent.runtime import OnExit
 from recoverd.errors import ConfigError, LaunchFailed
 
-__all__ = ["CALLBACKS", "MsrunLayout", "MsrunRuntime"]
+__all__ = ["CALLBACKS", "MsrunLayout", "MsrunRuntime", "kill_msrun_processes"]
 
 log = logging.getLogger(__name__)
 
@@ -176,22 +176,36 @@ class MsrunRuntime:
     def kill_strays(self) -> list[int]:
         """KILL_WORKER([-1]) (workers and their log followers), then msrun's scheduler."""
         killed = [p.pid for p in self._procs.values() if p.is_running]
-        self._call("KILL_WORKER", [-1])
+        with self._lock:
+            killed += kill_msrun_processes(self._callbacks)
         for proc in list(self._procs.values()):
             self._exited(proc, ExitInfo(proc.pid, None, signal.SIGKILL))
-        for child in _schedulers():
-            with contextlib.suppress(psutil.Error):
-                child.terminate()
-                killed.append(child.pid)
-        _gone, alive = psutil.wait_procs(_schedulers(), timeout=3.0)
-        for child in alive:
-            with contextlib.suppress(psutil.Error):
-                child.kill()
         return killed
 
     def reap_strays(self) -> list[int]:
         """Never reap here: msrun's own ``poll()`` must see its children's exits."""
         return []
+
+
+def kill_msrun_processes(callbacks: Mapping[str, Callable[..., Any]]) -> list[int]:
+    """Everything msrun started: ``KILL_WORKER([-1])`` (workers, log followers), then its scheduler.
+
+    Also called when the plugin cannot even start (bad settings): msrun started the scheduler
+    before handing over, and nothing else would stop it.
+    """
+    kill = callbacks.get("KILL_WORKER")
+    if kill is not None:
+        with contextlib.suppress(Exception):
+            kill([-1])
+    schedulers = _schedulers()
+    for child in schedulers:
+        with contextlib.suppress(psutil.Error):
+            child.terminate()
+    _gone, alive = psutil.wait_procs(schedulers, timeout=3.0)
+    for child in alive:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    return [child.pid for child in schedulers]
 
 
 def _alive(pid: int) -> bool:

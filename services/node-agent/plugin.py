@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from recoverd.agent.agent import AgentSettings, NodeAgent
-from recoverd.agent.msrun import MsrunLayout, MsrunRuntime
+from recoverd.agent.msrun import MsrunLayout, MsrunRuntime, kill_msrun_processes
 from recoverd.agent.runtime import OnExit
 from recoverd.errors import ConfigError, RecoverdError
 from recoverd.keys import DEFAULT_PREFIX, Keyspace, check_id
@@ -156,4 +156,5 @@ def run_msrun_plugin(callbacks: Mapping[str, Callable[..., Any]], environ: Mappi
     except RecoverdError as err:
         log.error("MSRunPlugin: %s", err)
         print(f"recoverd MSRunPlugin: error: {err}", flush=True)
+        kill_msrun_processes(callbacks)  # the scheduler msrun already started must not be orphaned
         return EXIT_CONFIG_ERROR

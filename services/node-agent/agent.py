@@ -35,13 +35,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from recoverd import events, participants
+from recoverd import events, participants, resetjson
+from recoverd.agent import resetfile
 from recoverd.agent.launcher import ExitInfo, Launcher, RankLaunch, RankProcess, read_tail
 from recoverd.agent.runtime import RankRuntime, RuntimeFactory
-from recoverd.errors import BadRecord, EtcdUnavailable, JobSpecMismatch, LaunchFailed, RecoverdError
+from recoverd.errors import BadRecord, ConfigError, EtcdUnavailable, JobSpecMismatch, LaunchFailed, RecoverdError
+from recoverd.filewatch import watch_file
 from recoverd.jobview import read_job
 from recoverd.keys import Keyspace, RunRef
 from recoverd.records import decode, encode, pb, ts_from_s
+from recoverd.resetjson import ResetState
 from recoverd.store import (
     Absent,
     Compare,
@@ -101,6 +104,10 @@ class AgentSettings:
     retry_s: float = 0.1
     retry_max_s: float = 2.0
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    #: A device plugin's reset.json to turn into faults (watched, never written).
+    reset_json: str | None = None
+    #: Where to mirror recoverd's state in reset.json form, for tools that read it.
+    reset_json_mirror: str | None = None
     #: Signals that end the agent, and its exit code for each (ranks are stopped first).
     exit_signals: Mapping[int, int] = field(
         default_factory=lambda: {signal.SIGTERM: EXIT_SIGTERM, signal.SIGINT: EXIT_SIGINT}
@@ -169,6 +176,8 @@ class NodeAgent:
         self._last_applied: tuple[int, int] = (0, 0)
         self._answered: set[tuple[int, int]] = set()
         self._exit_code: asyncio.Future[int] | None = None
+        self._mirrored: ResetState | None = None
+        resetfile.check_paths(settings.reset_json, settings.reset_json_mirror)
 
     # ---------------------------------------------------------------- lifecycle
     async def run(self) -> int:
@@ -198,6 +207,8 @@ class NodeAgent:
                         group.create_task(self._keep_registered(), name="agent-lease"),
                         group.create_task(self._launcher.watch(), name="agent-runtime"),
                     ]
+                    if self.settings.reset_json:
+                        tasks.append(group.create_task(self._watch_reset_json(), name="agent-reset-json"))
                     code = await self._exit_code
                     await self._finish(code)
                     for task in tasks:
@@ -592,8 +603,65 @@ class NodeAgent:
         if isinstance(command, pb.Command) and (command.epoch, command.seq) > self._last_applied:
             await self._execute(command)
         recovery = await self._get(self.keys.recovery(run), pb.Recovery)
+        if self.settings.reset_json_mirror:
+            await self._mirror_reset_json(recovery if isinstance(recovery, pb.Recovery) else None)
         if isinstance(recovery, pb.Recovery):
             await self._answer(recovery, command if isinstance(command, pb.Command) else None)
+
+    async def _watch_reset_json(self, retry_s: float = 1.0) -> None:
+        """Faults from a device plugin's reset.json, once per (rank, status, UpdateTime)."""
+        assert self.settings.reset_json is not None and self.run_ref is not None
+        path = self.settings.reset_json
+        seen: set[tuple[int, str, int]] = set()
+        while True:
+            try:
+                async with contextlib.aclosing(watch_file(path)) as updates:
+                    async for content in updates:
+                        if content is None:
+                            continue
+                        try:
+                            state = resetjson.parse(content, source=path)
+                        except BadRecord as err:
+                            self._note("bad_record", f"{path}: {err.detail}; nothing applied")
+                            continue
+                        for rank, status in resetfile.faults_from(state, self.slots):
+                            key = (rank, status, state.update_time)
+                            if key in seen:
+                                continue
+                            seen.add(key)
+                            self._record_reset_fault(self.slots[rank], status, state.update_time, path)
+            except (BadRecord, ConfigError) as err:
+                self._note("bad_record", f"{path}: {err.detail}; watching again in {retry_s:g}s")
+                await asyncio.sleep(retry_s)
+
+    def _note(self, reason: str, message: str) -> None:
+        assert self.run_ref is not None
+        log.warning("agent %s: %s", self.settings.node, message)
+        self._pending_events.append(events.event_put(self.keys, self.run_ref, self.source, reason, message))
+        self._dirty.set()
+
+    def _record_reset_fault(self, slot: RankSlot, status: str, update_time: int, path: str) -> None:
+        fault = pb.Fault(
+            fault_id=f"{self.settings.node}.r{slot.rank}.reset.{update_time}",
+            rank=slot.rank,
+            node=self.settings.node,
+            fault_type="1",
+            source=pb.SOURCE_AGENT,
+            generation=slot.generation,
+            detected_at=ts_from_s(time.time()),
+            detail=f"{path}: rank {slot.rank} is {status} (device fault)",
+        )
+        self._pending_faults.append(fault)
+        self._dirty.set()
+
+    async def _mirror_reset_json(self, recovery: pb.Recovery | None) -> None:
+        assert self.settings.reset_json_mirror is not None and self.run_ref is not None
+        history = await self._get(self.keys.history(self.run_ref), pb.History)
+        restarts = sum(1 for o in history.outcomes if o.strategy == "exit") if isinstance(history, pb.History) else 0
+        state = resetfile.mirror_state(recovery, restarts, self._mirrored)
+        if state is not self._mirrored:
+            await asyncio.to_thread(resetjson.write_file, self.settings.reset_json_mirror, state)
+            self._mirrored = state
 
     async def _execute(self, command: pb.Command) -> None:
         """Apply one command exactly once: (epoch, seq) above the last applied one."""

@@ -125,6 +125,8 @@ def settings_from_env(environ: Mapping[str, str], layout: MsrunLayout) -> AgentS
         prefix=environ.get("RECOVERD_PREFIX", DEFAULT_PREFIX),
         lease_ttl_s=seconds("RECOVERD_AGENT_LEASE_TTL", 5.0),
         stop_grace_s=seconds("RECOVERD_STOP_GRACE_S", 5.0),
+        reset_json=environ.get("RECOVERD_RESET_JSON") or None,
+        reset_json_mirror=environ.get("RECOVERD_RESET_JSON_MIRROR") or None,
     )
 
 

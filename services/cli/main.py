@@ -150,6 +150,10 @@ def _add_job(parser: argparse.ArgumentParser, *, job_required: bool) -> None:
         default=5.0,
         help="SIGTERM to SIGKILL grace when stopping ranks (%(default)s s)",
     )
+    parser.add_argument(
+        "--reset-json", default=None, help="a device plugin's reset.json to turn into faults (watched, never written)"
+    )
+    parser.add_argument("--reset-json-mirror", default=None, help="write recoverd's state here in reset.json form")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
 
@@ -242,6 +246,8 @@ def _agent_settings(args: argparse.Namespace, etcd: str, job: str, nnodes: int, 
         prefix=args.prefix,
         lease_ttl_s=args.agent_lease_ttl,
         stop_grace_s=args.stop_grace,
+        reset_json=args.reset_json,
+        reset_json_mirror=args.reset_json_mirror,
     )
 
 

@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv proto demo test test-unit lint format typecheck clean fresh-clone-test
+.PHONY: all venv proto demo test test-unit lint format typecheck clean fresh-clone-test msrun-venv test-msrun
 
 all: test
 
@@ -47,6 +47,19 @@ format: $(STAMP)
 
 typecheck: $(STAMP)
 	MYPY=$(VENV)/bin/mypy bash scripts/typecheck.sh
+
+## Opt-in: MindSpore 2.10.0's real msrun (~3 GB, its own venv) driving recoverd's MSRunPlugin.
+MSRUN_VENV ?= .venv-msrun
+$(MSRUN_VENV)/.installed:
+	$(PYTHON) -m venv $(MSRUN_VENV)
+	$(MSRUN_VENV)/bin/python -m pip install --quiet mindspore==2.10.0
+	$(MSRUN_VENV)/bin/python -m pip install --quiet -e .
+	touch $@
+
+msrun-venv: $(MSRUN_VENV)/.installed
+
+test-msrun: $(STAMP) msrun-venv
+	RECOVERD_TEST_MSRUN=1 RECOVERD_TEST_MSRUN_VENV=$(MSRUN_VENV) $(PY) -m pytest -q tests/integration/test_real_msrun.py
 
 ## Proves `make demo` and `make test` from a fresh clone with a clean environment.
 fresh-clone-test:

@@ -91,6 +91,7 @@ def build_parser(prog: str = "recoverd adopt") -> argparse.ArgumentParser:
         help="an adopted rank that vanished with unknown status is a fault after this (s)",
     )
     parser.add_argument("--agent-lease-ttl", type=float, default=5.0)
+    parser.add_argument("--reset-json", default=None, help="a device plugin's reset.json to turn into faults")
     parser.add_argument("--log-level", default=os.environ.get("RECOVERD_LOG_LEVEL", "INFO"))
     return parser
 
@@ -129,6 +130,7 @@ def settings_for(args: argparse.Namespace, captured: Sequence[Captured]) -> Agen
         lease_ttl_s=args.agent_lease_ttl,
         stop_grace_s=0.0 if args.mode == "common" else args.time,
         exit_signals={signal.SIGTERM: 0, signal.SIGINT: EXIT_SIGINT, signal.SIGUSR2: 1},
+        reset_json=args.reset_json,
     )
 
 

@@ -77,6 +77,7 @@ class MsrunRuntime:
         on_exit: OnExit,
         *,
         poll_s: float = 0.1,
+        kill_timeout_s: float = 5.0,
         export_env: Callable[[Mapping[str, str]], None] | None = None,
     ) -> None:
         missing = [name for name in CALLBACKS if name not in callbacks]
@@ -85,7 +86,10 @@ class MsrunRuntime:
         self._callbacks = dict(callbacks)
         self.layout = layout
         self._on_exit = on_exit
+        if poll_s <= 0:
+            raise ConfigError(f"the MONITOR interval must be positive, got {poll_s}")
         self.poll_s = poll_s
+        self.kill_timeout_s = kill_timeout_s
         self._export_env = export_env or _export_recoverd_env
         self._lock = threading.Lock()
         self._procs: dict[int, RankProcess] = {}  # local rank -> current incarnation
@@ -165,11 +169,18 @@ class MsrunRuntime:
             if proc.is_running:
                 log.warning("rank %d (pid %d) ignored SIGTERM for %.1fs; KILL_WORKER", proc.rank, proc.pid, grace_s)
                 self._call("KILL_WORKER", [proc.pid])
-                while proc.is_running:
+                deadline = time.monotonic() + self.kill_timeout_s
+                while proc.is_running and time.monotonic() < deadline:
                     self.check_once()
                     if proc.is_running and not _alive(proc.pid):
                         self._exited(proc, ExitInfo(proc.pid, None, signal.SIGKILL))
                     await asyncio.sleep(min(self.poll_s, 0.05))
+                if proc.is_running:
+                    # KILL_WORKER ignores pids it does not know: kill the group ourselves.
+                    log.error("KILL_WORKER left rank %d (pid %d) alive; SIGKILL to its group", proc.rank, proc.pid)
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(proc.pgid, signal.SIGKILL)
+                    self._exited(proc, ExitInfo(proc.pid, None, signal.SIGKILL))
         return await proc.exited
 
     # ---------------------------------------------------------------- the end

@@ -52,6 +52,17 @@ def _int(environ: Mapping[str, str], name: str) -> int | None:
         raise ConfigError(f"{name}={raw!r} is not an integer") from None
 
 
+def _seconds(environ: Mapping[str, str], name: str, default: float) -> float:
+    raw = environ.get(name)
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
+    if value <= 0:
+        raise ConfigError(f"{name} must be positive, got {raw!r}")
+    return value
+
+
 def layout_from_env(environ: Mapping[str, str], monitor: Callable[[list[int]], Any]) -> MsrunLayout:
     """This node's place in the job, from msrun's variables or, failing those, MONITOR."""
     worker_num = _int(environ, "MS_WORKER_NUM")
@@ -100,16 +111,6 @@ def settings_from_env(environ: Mapping[str, str], layout: MsrunLayout) -> AgentS
     if unknown:
         raise ConfigError(f"RECOVERD_STRATEGIES names unknown strategies {unknown}")
 
-    def seconds(name: str, default: float) -> float:
-        raw = environ.get(name)
-        try:
-            value = float(raw) if raw else default
-        except ValueError:
-            raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
-        if value <= 0:
-            raise ConfigError(f"{name} must be positive")
-        return value
-
     port = _int(environ, "MS_SCHED_PORT")
     return AgentSettings(
         job=check_id("job", job),
@@ -123,8 +124,8 @@ def settings_from_env(environ: Mapping[str, str], layout: MsrunLayout) -> AgentS
         master_addr=environ.get("MS_SCHED_HOST") or "127.0.0.1",
         master_port=port,
         prefix=environ.get("RECOVERD_PREFIX", DEFAULT_PREFIX),
-        lease_ttl_s=seconds("RECOVERD_AGENT_LEASE_TTL", 5.0),
-        stop_grace_s=seconds("RECOVERD_STOP_GRACE_S", 5.0),
+        lease_ttl_s=_seconds(environ, "RECOVERD_AGENT_LEASE_TTL", 5.0),
+        stop_grace_s=_seconds(environ, "RECOVERD_STOP_GRACE_S", 5.0),
         reset_json=environ.get("RECOVERD_RESET_JSON") or None,
         reset_json_mirror=environ.get("RECOVERD_RESET_JSON_MIRROR") or None,
     )
@@ -133,7 +134,7 @@ def settings_from_env(environ: Mapping[str, str], layout: MsrunLayout) -> AgentS
 async def _serve(callbacks: Mapping[str, Callable[..., Any]], environ: Mapping[str, str]) -> int:
     layout = layout_from_env(environ, callbacks["MONITOR"])
     settings = settings_from_env(environ, layout)
-    poll_s = float(environ.get("RECOVERD_MSRUN_POLL_S") or 0.1)
+    poll_s = _seconds(environ, "RECOVERD_MSRUN_POLL_S", 0.1)
     runtimes: list[MsrunRuntime] = []
 
     def factory(on_exit: OnExit, _protected: Callable[[], set[int]]) -> MsrunRuntime:

@@ -46,7 +46,7 @@ def test_helpers_find_recoverd_from_the_environment(monkeypatch: pytest.MonkeyPa
 
     for name in ("MINDX_TASK_ID", "RECOVERD_JOB", "RECOVERD_ETCD", "MINDX_SERVER_IP"):
         monkeypatch.delenv(name, raising=False)
-    with pytest.raises(ValueError, match="MINDX_TASK_ID"):
+    with pytest.raises(ValueError, match="RECOVERD_JOB nor MINDX_TASK_ID"):
         recover_manager.init_grpc_recover_manager()
     monkeypatch.setenv("MINDX_TASK_ID", "job-x")
     with pytest.raises(ConfigError, match="RECOVERD_ETCD"):

@@ -3,7 +3,8 @@
 ``DLRecoverManager`` and ``RecoverManager`` are recoverd's (``taskd_client.manager``; docs/client.md).
 The helpers take no address, so they find recoverd from the environment:
 
-* job id: ``MINDX_TASK_ID`` (as MindCluster sets it), else ``RECOVERD_JOB``; neither is a ValueError,
+* job id: ``RECOVERD_JOB``, else ``MINDX_TASK_ID`` (as MindCluster sets it) -- the same order as
+  ``MSRunPlugin`` and ``recoverd adopt``, so all of a job's parts agree; neither is a ValueError,
   as upstream;
 * server: ``RECOVERD_ETCD`` (``etcd://`` endpoints), else ``MINDX_SERVER_IP`` on port 8899, the
   ``Recover`` gRPC gateway, which is not built yet (ConfigError saying so).
@@ -62,9 +63,9 @@ def _server_addr() -> str:
 
 def init_grpc_recover_manager() -> DLRecoverManager:
     """A manager for this job from the environment (role "master agent", as upstream)."""
-    job = os.environ.get("MINDX_TASK_ID") or os.environ.get("RECOVERD_JOB")
+    job = os.environ.get("RECOVERD_JOB") or os.environ.get("MINDX_TASK_ID")
     if not job:
-        raise ValueError("MINDX_TASK_ID (or RECOVERD_JOB) is not set")
+        raise ValueError("neither RECOVERD_JOB nor MINDX_TASK_ID is set")
     return DLRecoverManager(pb.ClientInfo(jobId=job, role="master agent"), _server_addr())
 
 

@@ -7,6 +7,7 @@ Subcommands::
     recoverd coordinator --etcd URL          # leader-elected; start several for standbys
     recoverd strategy --etcd URL
     recoverd agent --etcd URL --job J --node N --nproc-per-node K [--node-rank R --nnodes M] -- CMD ARGS...
+    recoverd gateway --etcd URL [--listen 0.0.0.0:8899]   # MindCluster's Recover gRPC service (docs/gateway.md)
 
 Every ``--etcd`` defaults to ``$RECOVERD_ETCD`` (comma-separated endpoints) and every ``--prefix`` to
 ``$RECOVERD_PREFIX`` or ``/recoverd/v1``. ``run`` and ``up`` start an embedded etcd when none is
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -31,6 +33,7 @@ from recoverd.coordinator.reconciler import Coordinator, CoordinatorSettings
 from recoverd.coordinator.recovery import Timeouts
 from recoverd.errors import ConfigError, RecoverdError
 from recoverd.etcd_server import EmbeddedEtcd, find_etcd_binary
+from recoverd.gateway import server as gateway_server
 from recoverd.keys import DEFAULT_PREFIX, Keyspace, check_id
 from recoverd.store import Store, parse_endpoints
 from recoverd.strategy.selector import ALL_STRATEGIES
@@ -197,6 +200,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     agent.add_argument("--nnodes", type=_positive(int), default=1)
     agent.add_argument("--node-rank", type=int, default=0)
+
+    gateway = sub.add_parser("gateway", help="the Recover gRPC gateway for unmodified MindCluster clients")
+    _add_common(gateway, etcd_required=True)
+    gateway_server.add_arguments(gateway)
     return parser
 
 
@@ -278,6 +285,15 @@ async def _serve(store: Store, keys: Keyspace, args: argparse.Namespace, *, coor
     return 0
 
 
+async def _serve_gateway(store: Store, keys: Keyspace, args: argparse.Namespace) -> int:
+    """Serve Recover until SIGTERM/SIGINT; leaving the gateway deregisters every client session."""
+    async with gateway_server.Gateway(store, keys, gateway_server.settings_from_args(args)):
+        with contextlib.suppress(ShutdownRequested):
+            await _until_signal()
+        log.info("shutting down")
+    return 0
+
+
 class _Etcd:
     """The etcd to use: the given endpoints, or an embedded one started now and stopped at exit."""
 
@@ -322,6 +338,11 @@ async def _main_async(args: argparse.Namespace) -> int:
             return await _serve(
                 store, keys, args, coordinator=args.cmd == "coordinator", strategy=args.cmd == "strategy"
             )
+    if args.cmd == "gateway":
+        if not args.etcd:
+            raise ConfigError("recoverd gateway needs an etcd endpoint: --etcd HOST:PORT or RECOVERD_ETCD")
+        async with Store(args.etcd) as store:
+            return await _serve_gateway(store, keys, args)
     if args.cmd == "agent":
         become_subreaper()
         settings = _agent_settings(args, args.etcd, args.job, args.nnodes, args.node_rank)

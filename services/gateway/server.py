@@ -1,0 +1,140 @@
+"""The gateway's gRPC server: the ``Recover`` service on a grpc.aio server, its options and its CLI flags.
+
+Keepalive (reference/mindcluster-contract.md section 1): upstream clients ping every 3 s, also with no
+stream open (``keepalive_time_ms=3000``, ``keepalive_permit_without_calls=1``). gRPC's server
+defaults allow one ping without data per 5 minutes and close the connection with GOAWAY
+``too_many_pings`` after two early pings, so the server options permit pings without calls, accept
+them every second and never count strikes. The server's own pings follow ClusterD (every 60 s,
+5 s timeout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import enum
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from recoverd.errors import ConfigError
+from recoverd.keys import Keyspace
+from recoverd.mindcluster import recover_pb2_grpc
+from recoverd.store import Store
+
+from .service import GatewaySettings, RecoverService
+
+__all__ = ["SERVER_OPTIONS", "Gateway", "add_arguments", "settings_from_args"]
+
+log = logging.getLogger(__name__)
+
+SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+    ("grpc.http2.max_ping_strikes", 0),  # 0: never GOAWAY for early pings
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.so_reuseport", 0),  # gRPC's default would let a second gateway bind the same port silently
+)
+
+
+class _State(enum.Enum):
+    UNOPENED = "unopened"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class Gateway:
+    """``async with Gateway(store, keys, settings) as gw:`` listens until the block ends.
+
+    Entering binds ``settings.listen`` (ConfigError if it cannot) and starts serving. Leaving
+    deregisters every session, so the agents take over the jobs' recoveries at once instead of
+    after a lease TTL, ends the subscription streams, and stops the server (calls in flight get
+    ``shutdown_grace_s`` to finish).
+    """
+
+    def __init__(self, store: Store, keys: Keyspace, settings: GatewaySettings) -> None:
+        self.settings = settings
+        self.service = RecoverService(store, keys, settings)
+        self.port = 0
+        self._server: grpc.aio.Server | None = None
+        self._state = _State.UNOPENED
+
+    async def __aenter__(self) -> Gateway:
+        if self._state is not _State.UNOPENED:
+            raise RuntimeError(f"Gateway cannot be entered twice (state: {self._state.value})")
+        self._state = _State.OPEN
+        server = grpc.aio.server(options=list(SERVER_OPTIONS))
+        recover_pb2_grpc.add_RecoverServicer_to_server(self.service, server)
+        try:
+            self.port = server.add_insecure_port(self.settings.listen)
+        except RuntimeError as err:
+            raise ConfigError(f"cannot listen on {self.settings.listen}: {err}") from err
+        if not self.port:
+            raise ConfigError(f"cannot listen on {self.settings.listen} (in use, or not a host:port)")
+        await server.start()
+        self._server = server
+        log.info("recoverd gateway listening on %s (port %d)", self.settings.listen, self.port)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop serving and deregister every session; idempotent."""
+        if self._state is _State.CLOSED:
+            return
+        self._state = _State.CLOSED
+        server, self._server = self._server, None
+        async with asyncio.timeout(self.settings.shutdown_grace_s + self.settings.call_timeout_s + 5):
+            # Sessions first: that ends every subscription stream at once (UNAVAILABLE) instead of
+            # after the grace, and Register is refused meanwhile; then the unary calls drain.
+            await self.service.aclose()
+            if server is not None:
+                await server.stop(self.settings.shutdown_grace_s)
+        log.info("recoverd gateway stopped")
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The gateway's own flags (``--etcd``/``--prefix``/``--log-level`` come from the CLI)."""
+    default = GatewaySettings()
+    number: Callable[[str], Any] = _positive_float
+    parser.add_argument("--listen", default=default.listen, help="host:port to serve Recover on (%(default)s)")
+    parser.add_argument(
+        "--keepalive-interval", type=number, default=default.keepalive_interval_s,
+        help="seconds between keep-alive messages on a subscription stream (%(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--client-lease-ttl", type=number, default=default.client_lease_ttl_s,
+        help="lease TTL of each registered client session, in seconds (%(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--client-grace", type=number, default=default.client_grace_s,
+        help="deregister a job's client after this many seconds with no subscription stream open (%(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--call-timeout", type=number, default=default.call_timeout_s,
+        help="budget of one RPC's etcd work, in seconds; over it the call answers 599 (%(default)s)",
+    )  # fmt: skip
+
+
+def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
+    return GatewaySettings(
+        listen=args.listen,
+        keepalive_interval_s=args.keepalive_interval,
+        client_lease_ttl_s=args.client_lease_ttl,
+        client_grace_s=args.client_grace,
+        call_timeout_s=args.call_timeout,
+    )

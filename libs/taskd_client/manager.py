@@ -10,7 +10,8 @@ poll: signals arrive by etcd watch.
 
 ``server_addr``: ``etcd://host:port[,host:port]`` or ``http://host:port[,...]`` talks to etcd
 directly. A bare ``host:port`` is the address of the ``Recover`` gRPC gateway, as upstream clients
-pass it; the gateway is not built yet, so that raises ConfigError with what to use instead.
+pass it. That gateway (``recoverd gateway``) serves upstream's own gRPC clients; this Python client
+talks to etcd directly, so a gateway address raises ConfigError saying what to pass instead.
 
 Threads: the etcd work runs on a private event-loop thread; the public methods are synchronous and
 thread-safe. ``start_subscribe`` blocks its caller and runs the handlers in the caller's thread.
@@ -60,8 +61,8 @@ def parse_server_addr(server_addr: str) -> list[tuple[str, int]]:
     text = server_addr.strip()
     if not text.startswith(("etcd://", "http://", "https://")):
         raise ConfigError(
-            f"server_addr {server_addr!r} is a Recover gRPC gateway address, and the gateway is not built yet;"
-            " pass etcd://HOST:PORT (the etcd recoverd uses, e.g. $RECOVERD_ETCD)"
+            f"server_addr {server_addr!r} is a Recover gRPC gateway address; this client talks to etcd directly"
+            " (the gateway serves upstream's own gRPC clients): pass etcd://HOST:PORT, e.g. $RECOVERD_ETCD"
         )
     return parse_endpoints(text)
 

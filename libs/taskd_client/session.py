@@ -73,6 +73,7 @@ class ClientSession:
         self._lease: LeaseKeeper | None = None
         self._last_signal: pb.Signal | None = None
         self._keeper: asyncio.Task[None] | None = None
+        self._registering = asyncio.Lock()
 
     @property
     def is_registered(self) -> bool:
@@ -104,7 +105,15 @@ class ClientSession:
 
     # ---------------------------------------------------------------- registration
     async def register(self, ranks: Sequence[int] = ()) -> Outcome:
-        """Become a participant of the job's recoveries; idempotent while registered."""
+        """Become a participant of the job's recoveries; idempotent while registered.
+
+        Serialised (the re-register loop and a caller may race), and a registration whose write
+        fails revokes its lease instead of leaving a keep-alive task on an orphan lease.
+        """
+        async with self._registering:
+            return await self._register(ranks)
+
+    async def _register(self, ranks: Sequence[int]) -> Outcome:
         if self.is_registered:
             return Outcome(Code.OK, "register success")
         spec = await self.find_job()
@@ -127,9 +136,13 @@ class ClientSession:
             "client_registered",
             f"client {self.client_id} ({self.role}) registered",
         )
-        result = await self.store.txn(
-            [], [Put(self.keys.client(self.run, self.client_id), encode(record), lease.id), note]
-        )
+        try:
+            result = await self.store.txn(
+                [], [Put(self.keys.client(self.run, self.client_id), encode(record), lease.id), note]
+            )
+        except BaseException:
+            await lease.aclose()
+            raise
         self._lease = lease
         self.registered_revision = self.registered_revision or result.revision
         if self._keeper is None:

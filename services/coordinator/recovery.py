@@ -451,7 +451,13 @@ def _merge_fault(rec: Recovery, event: FaultReported, now: float, timeouts: Time
         now,
         timeouts,
     )
+    # A strategy whose commands were already carried out counts for the budgets even when a new
+    # fault interrupts it: otherwise a rank that crashes while being restarted is never counted.
+    interrupted: list[Effect] = (
+        [RecordOutcome(rec.strategy, rec.fault_ranks, ok=False)] if rec.phase is Phase.RECOVERING else []
+    )
     return new, [
+        *interrupted,
         EmitEvent("fault_merged", f"{message}; restarting the round at epoch {new.epoch}"),
         PublishSignal("stopTrain", ("stop_train",), _fault_wire(new)),
     ]

@@ -4,7 +4,7 @@ The plugin is constructed by msrun with no arguments, so everything comes from t
 (docs/compat.md, "MSRunPlugin"):
 
 * job: ``RECOVERD_JOB``, else ``MINDX_TASK_ID`` (MindCluster's job id);
-* etcd: ``RECOVERD_ETCD`` (``MINDX_SERVER_IP`` names the gRPC gateway, which is not built yet);
+* etcd: ``RECOVERD_ETCD`` (the plugin talks to etcd directly; ``MINDX_SERVER_IP`` names the gateway);
 * node name: ``RECOVERD_NODE``, else ``POD_NAME``, else the host name;
 * layout: ``MS_WORKER_NUM``; ``MS_LOCAL_WORKER``, else the number of MONITOR entries;
   ``RECOVERD_NODE_RANK``, else ``MS_NODE_RANK``, else 0 when there is one node;
@@ -95,7 +95,7 @@ def settings_from_env(environ: Mapping[str, str], layout: MsrunLayout) -> AgentS
     etcd = environ.get("RECOVERD_ETCD")
     if not etcd:
         hint = (
-            " (MINDX_SERVER_IP names the Recover gRPC gateway, which is not built yet)"
+            " (MINDX_SERVER_IP names the Recover gRPC gateway; the plugin talks to etcd directly)"
             if environ.get("MINDX_SERVER_IP")
             else ""
         )

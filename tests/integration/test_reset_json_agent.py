@@ -40,8 +40,8 @@ def test_a_device_fault_in_reset_json_restarts_the_rank_and_is_mirrored(cluster:
     cluster.agent("job-reset", nproc=2, strategies="recover-in-place,exit",
                   extra=("--reset-json", str(volume / "reset.json"), "--reset-json-mirror", str(mirror)))  # fmt: skip
     before = cluster.wait_running("job-reset", 2)
-    mirrored = read_file(str(mirror))
-    assert mirrored is not None and mirrored.rank_list == ()
+    mirrored = cluster.wait_for("the first mirror", lambda: read_file(str(mirror)), timeout=10)
+    assert mirrored.rank_list == ()
 
     # The device plugin marks rank 1's chip unrecovered (booleans as current writers emit them).
     _publish(volume, {"RankList": [{"RankId": 1, "LogicId": 1, "Status": "unrecovered", "Policy": "restart",

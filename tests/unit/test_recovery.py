@@ -618,7 +618,9 @@ def test_late_fault_restarts_the_round(phase: Phase) -> None:
     assert new.deadline_at == now + T.stop_s and new.phase_log[-1] == (Phase.STOPPING, now, rec.epoch + 1)
     assert new.command_seq == rec.command_seq and new.failed_strategies == rec.failed_strategies
     assert reasons(effects) == ["fault_merged"]
-    assert non_emit(effects) == [PublishSignal("stopTrain", ("stop_train",), ((0, "0"), (3, "1")))]
+    # A strategy interrupted in RECOVERING (its commands already carried out) counts for the budgets.
+    interrupted = [RecordOutcome(rec.strategy, rec.fault_ranks, ok=False)] if phase is Phase.RECOVERING else []
+    assert non_emit(effects) == [*interrupted, PublishSignal("stopTrain", ("stop_train",), ((0, "0"), (3, "1")))]
     # The old epoch's answers are now stale.
     with pytest.raises(StaleEpoch):
         apply(new, StopCompleted(rec.epoch, "b"), now)

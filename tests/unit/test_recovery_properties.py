@@ -308,10 +308,16 @@ class Checker:
             assert new.strategy == ""
         if new.phase is Phase.RECOVERING:
             assert new.strategy
-        # Outcomes: one per strategy attempt, recorded when it ends in RECOVERING (success to DONE,
-        # failure to DECIDING, or to FAILED after `exit`), never a placeholder like "none".
+        # Outcomes: one per strategy attempt, recorded when it leaves RECOVERING (success to DONE,
+        # failure to DECIDING, to FAILED after `exit`, or interrupted by a merged fault to STOPPING),
+        # never a placeholder like "none".
         outcomes = [e for e in effects if isinstance(e, RecordOutcome)]
-        left_recovering = prev.phase is Phase.RECOVERING and new.phase in (Phase.DONE, Phase.DECIDING, Phase.FAILED)
+        left_recovering = prev.phase is Phase.RECOVERING and new.phase in (
+            Phase.DONE,
+            Phase.DECIDING,
+            Phase.FAILED,
+            Phase.STOPPING,
+        )
         assert len(outcomes) == (1 if left_recovering else 0)
         for outcome in outcomes:
             assert outcome.strategy == prev.strategy and outcome.strategy in STRATEGIES

@@ -7,7 +7,8 @@ The helpers take no address, so they find recoverd from the environment:
   ``MSRunPlugin`` and ``recoverd adopt``, so all of a job's parts agree; neither is a ValueError,
   as upstream;
 * server: ``RECOVERD_ETCD`` (``etcd://`` endpoints), else ``MINDX_SERVER_IP`` on port 8899, the
-  ``Recover`` gRPC gateway, which is not built yet (ConfigError saying so).
+  ``Recover`` gRPC gateway (``recoverd gateway``), which serves upstream's gRPC clients; this
+  module's Python client talks to etcd, so that address is a ConfigError saying to set RECOVERD_ETCD.
 
 Differences from upstream (docs/compat.md): ``init_grpc_process`` runs without ``mindio_ttp`` too
 (with whatever handlers were set; upstream returns at once), and with it registers the report

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -32,8 +33,10 @@ def _rank_pids(launcher: subprocess.Popen[bytes], n: int) -> list[int]:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         children = psutil.Process(launcher.pid).children()
-        if len(children) == n:
-            by_rank = {int(c.environ()["RANK_ID"]): c.pid for c in children}
+        # A just-forked child is still a copy of the shell (no RANK_ID until it execs the worker).
+        envs = {c.pid: c.environ() for c in children if WORKER in " ".join(c.cmdline())}
+        if len(envs) == n and all("RANK_ID" in env for env in envs.values()):
+            by_rank = {int(env["RANK_ID"]): pid for pid, env in envs.items()}
             return [by_rank[r] for r in range(n)]
         time.sleep(0.02)
     raise AssertionError("the launcher did not start its ranks")
@@ -54,10 +57,14 @@ def _adopt(cluster: Cluster, job: str, pids: list[int], *extra: str) -> subproce
 
 
 def _finish(launcher: subprocess.Popen[bytes]) -> None:
-    for child in psutil.Process(launcher.pid).children(recursive=True):
+    children = psutil.Process(launcher.pid).children(recursive=True)
+    for child in children:
         child.kill()
     launcher.kill()
     launcher.wait(timeout=5)
+    for child in children:  # orphans re-parent to the test session (a subreaper): reap them
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(child.pid, 0)
 
 
 @pytest.mark.parametrize("mode", ["common", "elastic"])

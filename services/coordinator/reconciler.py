@@ -17,6 +17,7 @@ are timers that enqueue the job.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import secrets
@@ -66,7 +67,7 @@ from recoverd.store import (
     ValueIs,
 )
 
-__all__ = ["Coordinator", "CoordinatorSettings", "live_participants", "lost_node_faults"]
+__all__ = ["Coordinator", "CoordinatorSettings", "job_timeouts", "live_participants", "lost_node_faults"]
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,16 @@ class CoordinatorSettings:
     history_cap: int = 100
     #: Signals kept per run (subscribers read them by watch; old ones are only for inspection).
     signal_cap: int = 64
+
+
+def job_timeouts(policy: pb.Policy, default: Timeouts) -> Timeouts:
+    """The job policy's deadlines where it sets them (non-zero), else the coordinator's own."""
+    set_ = {
+        name: getattr(policy.deadlines, name)
+        for name in ("fault_window_s", "stop_s", "strategies_s", "decide_s", "recover_s")
+        if getattr(policy.deadlines, name) > 0
+    }
+    return dataclasses.replace(default, **set_) if set_ else default
 
 
 def lost_node_faults(view: JobView, now: float) -> list[FaultInfo]:
@@ -257,11 +268,12 @@ class Coordinator:
         uuid = view.recovery.uuid if view.recovery is not None else ""
         before = rec
         effects: list[Effect] = []
+        timeouts = job_timeouts(view.spec.policy, self.settings.timeouts)
 
         def apply(event: Event) -> None:
             nonlocal rec
             try:
-                rec, produced = step(rec, event, now, self.settings.timeouts)
+                rec, produced = step(rec, event, now, timeouts)
             except RecoverdError as err:
                 note(err.reason, err.detail, epoch=rec.epoch, phase=rec.phase.value)
                 return

@@ -94,6 +94,8 @@ class AgentSettings:
     max_rank_restarts: int = 3
     max_job_restarts: int = 3
     restart_window_s: float = 600.0
+    #: The job's whole policy (from --policy); None: built from the four fields above.
+    policy: pb.Policy | None = None
     log_dir: str | None = None
     cwd: str | None = None
     master_addr: str | None = None
@@ -253,7 +255,9 @@ class NodeAgent:
             nproc_per_node=s.nproc_per_node,
             master_addr=s.master_addr or ("127.0.0.1" if s.nnodes == 1 else socket.getfqdn()),
             master_port=s.master_port or _free_port(),
-            policy=pb.Policy(
+            policy=s.policy
+            if s.policy is not None
+            else pb.Policy(
                 strategies=list(s.strategies),
                 max_rank_restarts=s.max_rank_restarts,
                 max_job_restarts=s.max_job_restarts,

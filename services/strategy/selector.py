@@ -4,13 +4,23 @@
 MindCluster's ``chooseStrategy`` (reference/mindcluster-contract.md section 6):
 
 * candidates in priority order: retry, recover-in-place, recover, elastic-training, dump, exit;
+  the first one left is chosen;
+* ``retry`` is the first choice only when every fault is retryable (UCE "0", HCCL "2"): one normal
+  fault (type "1") rules it out and the ladder recover-in-place -> recover -> elastic-training ->
+  dump -> exit follows;
 * ``retry``, ``recover`` and ``dump`` need every participant to have reported them;
-  ``recover-in-place`` and ``elastic-training`` need the job's policy to allow them;
   a strategy must be in the policy's allowed list, and ``exit`` is always available;
-* a strategy that already failed in this recovery is skipped (the fallback ladder);
-* restart budgets: a rank restarted in place ``max_rank_restarts`` times within
-  ``restart_window_s`` rules out recover-in-place (escalates to exit); ``max_job_restarts`` exits
-  within the window give up: the job fails rather than crash-looping forever.
+* the fallback chains: a strategy that already failed in this recovery is skipped; after a failed
+  ``retry`` the ladder continues with recover-in-place; after a failed recover-in-place, recover or
+  elastic-training only dump -> exit remain; after a failed dump only exit; after a failed exit
+  the job gives up (killMaster);
+* ``allow_rank0_in_place: false`` rules out recover-in-place when rank 0's node has a fault;
+  elastic-training (downgrade) is never used then, as upstream;
+* budgets: at most ``max`` uses of a strategy per ``window_s`` (the policy's ``budgets``;
+  recover-in-place counted per rank, defaulting to ``max_rank_restarts``; exit is the job's restart
+  budget, defaulting to ``max_job_restarts``, both over ``restart_window_s``). An exhausted budget
+  moves to the next strategy; only an exhausted exit budget gives up: the job fails rather than
+  crash-looping forever.
 
 Every candidate gets a reason, chosen or not, so ``recoverctl decisions`` can show why.
 """
@@ -27,6 +37,13 @@ _NEEDS_EVERY_PARTICIPANT = frozenset({"retry", "recover", "dump"})
 #: Strategies whose executors exist in this version; the others are refused with that reason.
 _IMPLEMENTED = frozenset({"recover-in-place", "exit"})
 _RETRYABLE_FAULT_TYPES = frozenset({"0", "2"})
+#: What is left after a strategy failed (upstream's chooseStrategy fallbacks); anything else: exit.
+_AFTER_FAILED = {
+    "retry": ("recover-in-place", "recover", "elastic-training", "dump", "exit"),
+    "recover-in-place": ("dump", "exit"),
+    "recover": ("dump", "exit"),
+    "elastic-training": ("dump", "exit"),
+}
 
 #: Rough cost of each strategy in seconds, shown with decisions (measured figures come from bench/).
 EXPECTED_COST_S = {
@@ -47,6 +64,21 @@ class PolicyView:
     max_rank_restarts: int = 3
     max_job_restarts: int = 3
     restart_window_s: float = 600.0
+    #: (strategy, max, window_s): per-strategy budgets; recover-in-place's and exit's override the
+    #: two fields above.
+    budgets: tuple[tuple[str, int, float], ...] = ()
+    allow_rank0_in_place: bool = True
+
+    def budget(self, strategy: str) -> tuple[int, float] | None:
+        """(max uses, window in seconds) for ``strategy``, or None when it has no budget."""
+        for name, count, window in self.budgets:
+            if name == strategy:
+                return count, window
+        if strategy == "recover-in-place":
+            return self.max_rank_restarts, self.restart_window_s
+        if strategy == "exit":
+            return self.max_job_restarts, self.restart_window_s
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +102,9 @@ class Request:
     failed: tuple[str, ...] = ()
     history: tuple[Outcome, ...] = ()
     now: float = 0.0
+    #: Nodes of the faulty ranks, and the node rank 0 runs on ("" = unknown: rank 0 faulty counts).
+    fault_nodes: tuple[str, ...] = ()
+    rank0_node: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,56 +120,84 @@ def _recent(history: Sequence[Outcome], now: float, window_s: float) -> list[Out
     return [o for o in history if now - o.closed_at <= window_s]
 
 
-def choose(request: Request) -> Decision:
-    """Pick the cheapest strategy that is allowed, supported, not yet failed and within budget."""
+def _chain(failed: Sequence[str]) -> tuple[tuple[str, ...], str]:
+    """The strategies the fallback chains still allow after ``failed``, and the failure that limits them."""
+    left: tuple[str, ...] = ALL_STRATEGIES
+    limiting = ""
+    for strategy in failed:
+        after = _AFTER_FAILED.get(strategy, ("exit",))
+        narrowed = tuple(s for s in left if s in after)
+        if narrowed != left:
+            left, limiting = narrowed, strategy
+    return left, limiting
+
+
+def choose(request: Request, *, implemented: frozenset[str] = _IMPLEMENTED) -> Decision:
+    """Pick the cheapest strategy that is allowed, supported, left by the fallback chain and within budget.
+
+    ``implemented``: the strategies with executors (tests pass all of them to check the chains).
+    """
     policy = request.policy
     allowed = (*[s for s in policy.strategies if s != "exit"], "exit")
-    recent = _recent(request.history, request.now, policy.restart_window_s)
     reasons: list[str] = []
     candidates: list[str] = []
     for strategy in ALL_STRATEGIES:
-        verdict = _rule_out(strategy, request, allowed, recent)
+        verdict = _rule_out(strategy, request, allowed, implemented)
         if verdict:
             reasons.append(f"{strategy}: no, {verdict}")
             continue
         candidates.append(strategy)
     if not candidates:
-        exits = sum(1 for o in recent if o.strategy == "exit")
-        reasons.append(
-            f"give up: {exits} exit(s) within {policy.restart_window_s:g}s reached the job budget of"
-            f" {policy.max_job_restarts}"
-            if "exit" not in request.failed
-            else "give up: exit already failed in this recovery"
-        )
+        if "exit" in request.failed:
+            reasons.append("give up: exit already failed in this recovery")
+        else:
+            count, window = policy.budget("exit") or (policy.max_job_restarts, policy.restart_window_s)
+            exits = sum(1 for o in _recent(request.history, request.now, window) if o.strategy == "exit")
+            reasons.append(f"give up: {exits} exit(s) within {window:g}s reached the job budget of {count}")
         return Decision("", tuple(reasons), give_up=True)
     chosen = candidates[0]
     reasons.append(f"{chosen}: yes, the cheapest strategy left (about {EXPECTED_COST_S[chosen]:g}s)")
+    reasons.extend(f"{s}: possible, after {chosen} in priority order" for s in candidates[1:])
     return Decision(chosen, tuple(reasons), candidates=tuple(candidates), expected_cost_s=EXPECTED_COST_S[chosen])
 
 
-def _rule_out(strategy: str, request: Request, allowed: Sequence[str], recent: Sequence[Outcome]) -> str:
+def _rank0_node_faulty(request: Request) -> bool:
+    if 0 in request.fault_ranks:
+        return True
+    return bool(request.rank0_node) and request.rank0_node in request.fault_nodes
+
+
+def _rule_out(strategy: str, request: Request, allowed: Sequence[str], implemented: frozenset[str]) -> str:
     """Why ``strategy`` cannot be used now, or "" when it can."""
     policy = request.policy
     if strategy not in allowed:
         return "not allowed by the job's policy"
     if strategy in request.failed:
         return "already failed in this recovery"
+    left, limiting = _chain(request.failed)
+    if strategy not in left:
+        return f"after a failed {limiting} the fallback chain continues only with {' -> '.join(left)}"
     if strategy in _NEEDS_EVERY_PARTICIPANT and (request.supported is None or strategy not in request.supported):
         return "not reported by every participant"
     if strategy == "retry" and not set(request.fault_types) <= _RETRYABLE_FAULT_TYPES:
         return "a fault is not retryable (only UCE '0' and HCCL '2' are)"
-    if strategy not in _IMPLEMENTED:
+    if strategy == "recover-in-place" and not policy.allow_rank0_in_place and _rank0_node_faulty(request):
+        where = f" ({request.rank0_node})" if request.rank0_node else ""
+        return f"rank 0's node{where} has a fault and the policy says allow_rank0_in_place: false"
+    if strategy == "elastic-training" and _rank0_node_faulty(request):
+        return "rank 0's node has a fault (a downgrade never drops rank 0)"
+    budget = policy.budget(strategy)
+    if budget is not None:
+        count, window = budget
+        recent = [o for o in _recent(request.history, request.now, window) if o.strategy == strategy]
+        if strategy == "recover-in-place":
+            for rank in request.fault_ranks:
+                restarts = sum(1 for o in recent if rank in o.ranks)
+                if restarts >= count:
+                    return f"rank {rank} was restarted in place {restarts} time(s) within {window:g}s (budget {count})"
+        elif len(recent) >= count:
+            what = "exit(s)" if strategy == "exit" else f"use(s) of {strategy}"
+            return f"{len(recent)} {what} within {window:g}s (budget {count})"
+    if strategy not in implemented:
         return "not implemented in this version of recoverd"
-    if strategy == "recover-in-place":
-        for rank in request.fault_ranks:
-            restarts = sum(1 for o in recent if o.strategy == strategy and rank in o.ranks)
-            if restarts >= policy.max_rank_restarts:
-                return (
-                    f"rank {rank} was restarted in place {restarts} time(s) within {policy.restart_window_s:g}s"
-                    f" (budget {policy.max_rank_restarts})"
-                )
-    if strategy == "exit":
-        exits = sum(1 for o in recent if o.strategy == "exit")
-        if exits >= policy.max_job_restarts:
-            return f"{exits} exit(s) within {policy.restart_window_s:g}s (budget {policy.max_job_restarts})"
     return ""

@@ -32,14 +32,19 @@ log = logging.getLogger(__name__)
 SOURCE = "strategy"
 
 
-def request_from_records(spec: pb.JobSpec, recovery: pb.Recovery, history: pb.History | None, now: float) -> Request:
-    """The selector's input, from the stored records."""
+def request_from_records(
+    spec: pb.JobSpec, recovery: pb.Recovery, history: pb.History | None, now: float, rank0_node: str = ""
+) -> Request:
+    """The selector's input, from the stored records (``rank0_node``: where rank 0 runs, if known)."""
     policy = spec.policy
+    window = policy.restart_window_s or 600.0
     view = PolicyView(
         strategies=tuple(policy.strategies) or ("exit",),
         max_rank_restarts=policy.max_rank_restarts or 3,
         max_job_restarts=policy.max_job_restarts or 3,
-        restart_window_s=policy.restart_window_s or 600.0,
+        restart_window_s=window,
+        budgets=tuple((name, b.max, b.window_s or window) for name, b in sorted(policy.budgets.items()) if b.max > 0),
+        allow_rank0_in_place=policy.allow_rank0_in_place if policy.HasField("allow_rank0_in_place") else True,
     )
     outcomes = tuple(
         Outcome(o.strategy, tuple(o.ranks), ts_to_s(o.closed_at), o.ok) for o in (history.outcomes if history else ())
@@ -52,6 +57,8 @@ def request_from_records(spec: pb.JobSpec, recovery: pb.Recovery, history: pb.Hi
         failed=tuple(f.strategy for f in recovery.failed_strategies),
         history=outcomes,
         now=now,
+        fault_nodes=tuple(sorted({f.node for f in recovery.faults if f.node})),
+        rank0_node=rank0_node,
     )
 
 
@@ -90,7 +97,8 @@ class StrategyService:
         if recovery.phase != pb.PHASE_DECIDING or recovery.epoch in view.decisions:
             return
         now = time.time()
-        request = request_from_records(view.spec, recovery, view.history, now)
+        rank0_node = next((r.node for nr in view.ranks.values() for r in nr.ranks if r.rank == 0), "")
+        request = request_from_records(view.spec, recovery, view.history, now, rank0_node)
         decision = choose(request)
         record = pb.Decision(
             epoch=recovery.epoch,

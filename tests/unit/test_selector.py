@@ -119,3 +119,204 @@ def test_every_strategy_gets_a_reason() -> None:
 def test_choose_is_pure() -> None:
     request = Request((2,), policy=RIP, history=(rip_outcome(2, NOW - 1),), now=NOW)
     assert choose(request) == choose(request)
+
+
+# ---------------------------------------------------------------- the whole ladder (issue 5)
+# With every strategy treated as implemented, the table checks upstream's chooseStrategy chains.
+ALL = ("retry", "recover-in-place", "recover", "elastic-training", "dump", "exit")
+EVERYONE = frozenset(ALL)
+IMPLEMENTED_ALL = frozenset(ALL)
+LADDER = PolicyView(strategies=ALL)
+
+
+def ladder(**kw: object) -> Request:
+    base: dict[str, object] = {"fault_ranks": (2,), "fault_types": ("1",), "policy": LADDER, "supported": EVERYONE}
+    base.update(kw)
+    return Request(now=NOW, **base)  # type: ignore[arg-type]
+
+
+LADDER_CASES = [
+    # name, request, expected strategy, expected candidates, a phrase the reasons must contain
+    ("first choice: retry for retryable faults", ladder(fault_types=("0", "2")), "retry", ALL, "retry: yes"),
+    (
+        "a normal fault rules out retry: the ladder starts at recover-in-place",
+        ladder(fault_types=("0", "1")),
+        "recover-in-place",
+        ALL[1:],
+        "retry: no, a fault is not retryable",
+    ),
+    (
+        "after a failed retry: recover-in-place -> recover -> downgrade -> dump -> exit",
+        ladder(fault_types=("0",), failed=("retry",)),
+        "recover-in-place",
+        ALL[1:],
+        "retry: no, already failed",
+    ),
+    (
+        "after failed retry and recover-in-place: dump -> exit",
+        ladder(failed=("retry", "recover-in-place")),
+        "dump",
+        ("dump", "exit"),
+        "recover: no, after a failed recover-in-place the fallback chain continues only with dump -> exit",
+    ),
+    (
+        "after a failed recover: dump -> exit",
+        ladder(failed=("recover",)),
+        "dump",
+        ("dump", "exit"),
+        "recover-in-place: no, after a failed recover",
+    ),
+    (
+        "after a failed recover-in-place: dump, not recover",
+        ladder(failed=("recover-in-place",)),
+        "dump",
+        ("dump", "exit"),
+        "elastic-training: no, after a failed recover-in-place",
+    ),
+    (
+        "after a failed downgrade: dump -> exit",
+        ladder(failed=("elastic-training",)),
+        "dump",
+        ("dump", "exit"),
+        "retry: no, after a failed elastic-training",
+    ),
+    ("after a failed dump: exit", ladder(failed=("dump",)), "exit", ("exit",), "after a failed dump"),
+    (
+        "no spare reported (recover unsupported): downgrade",
+        ladder(policy=PolicyView(("recover", "elastic-training", "exit")), supported=frozenset({"dump", "exit"})),
+        "elastic-training",
+        ("elastic-training", "exit"),
+        "recover: no, not reported by every participant",
+    ),
+    (
+        "unsupported by one client: dump falls to exit",
+        ladder(policy=PolicyView(("dump", "exit")), supported=frozenset({"retry", "exit"})),
+        "exit",
+        ("exit",),
+        "dump: no, not reported by every participant",
+    ),
+    (
+        "rank 0's node faulty and allow_rank0_in_place false: recover",
+        ladder(
+            policy=PolicyView(ALL, allow_rank0_in_place=False), fault_ranks=(3,), fault_nodes=("n0",), rank0_node="n0"
+        ),
+        "recover",
+        ("recover", "dump", "exit"),
+        "recover-in-place: no, rank 0's node (n0) has a fault and the policy says allow_rank0_in_place: false",
+    ),
+    (
+        "rank 0 itself faulty counts even when its node is unknown",
+        ladder(policy=PolicyView(ALL, allow_rank0_in_place=False), fault_ranks=(0,)),
+        "recover",
+        ("recover", "dump", "exit"),
+        "elastic-training: no, rank 0's node has a fault",
+    ),
+    (
+        "another node's fault: rank 0's node may stay in place",
+        ladder(
+            policy=PolicyView(ALL, allow_rank0_in_place=False), fault_ranks=(5,), fault_nodes=("n1",), rank0_node="n0"
+        ),
+        "recover-in-place",
+        ALL[1:],
+        "recover-in-place: yes",
+    ),
+    (
+        "rank-0 node fault with the default policy: in place is fine",
+        ladder(fault_ranks=(0,), fault_nodes=("n0",), rank0_node="n0"),
+        "recover-in-place",
+        ("recover-in-place", "recover", "dump", "exit"),
+        "recover-in-place: yes",
+    ),
+    (
+        "recover-in-place budget spent (per rank): recover, not exit",
+        ladder(
+            policy=PolicyView(ALL, budgets=(("recover-in-place", 1, 60.0),)),
+            history=(rip_outcome(2, NOW - 10),),
+        ),
+        "recover",
+        ("recover", "elastic-training", "dump", "exit"),
+        "rank 2 was restarted in place 1 time(s) within 60s (budget 1)",
+    ),
+    (
+        "recover budget spent job-wide: elastic-training",
+        ladder(
+            policy=PolicyView(("recover", "elastic-training", "exit"), budgets=(("recover", 2, 300.0),)),
+            history=(Outcome("recover", (7,), NOW - 50, True), Outcome("recover", (8,), NOW - 40, False)),
+        ),
+        "elastic-training",
+        ("elastic-training", "exit"),
+        "recover: no, 2 use(s) of recover within 300s (budget 2)",
+    ),
+    (
+        "dump budget spent: exit",
+        ladder(
+            policy=PolicyView(("dump", "exit"), budgets=(("dump", 1, 300.0),)),
+            history=(Outcome("dump", (1,), NOW - 5, True),),
+        ),
+        "exit",
+        ("exit",),
+        "dump: no, 1 use(s) of dump within 300s (budget 1)",
+    ),
+    (
+        "budget outside its window does not count",
+        ladder(
+            policy=PolicyView(("dump", "exit"), budgets=(("dump", 1, 30.0),)),
+            history=(Outcome("dump", (1,), NOW - 50, True),),
+        ),
+        "dump",
+        ("dump", "exit"),
+        "dump: yes",
+    ),
+    (
+        "an exit budget from the budgets map overrides max_job_restarts",
+        ladder(
+            policy=PolicyView(("exit",), max_job_restarts=1, budgets=(("exit", 3, 60.0),)),
+            history=(exit_outcome(NOW - 20),),
+        ),
+        "exit",
+        ("exit",),
+        "exit: yes",
+    ),
+    (
+        "mixed fault types (UCE and HCCL) stay retryable",
+        ladder(fault_types=("0", "2", "0")),
+        "retry",
+        ALL,
+        "retry: yes",
+    ),
+    (
+        "retry allowed but only exit otherwise: a normal fault goes to exit",
+        ladder(policy=PolicyView(("retry",)), fault_types=("1",)),
+        "exit",
+        ("exit",),
+        "recover-in-place: no, not allowed",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "request_", "strategy", "candidates", "phrase"), LADDER_CASES, ids=[c[0] for c in LADDER_CASES]
+)
+def test_ladder(name: str, request_: Request, strategy: str, candidates: tuple[str, ...], phrase: str) -> None:
+    decision = choose(request_, implemented=IMPLEMENTED_ALL)
+    assert decision.strategy == strategy, decision.reasons
+    assert decision.candidates == candidates, decision.reasons
+    assert any(phrase in reason for reason in decision.reasons), decision.reasons
+    # One reason per strategy: why not (priority order), then why this one, then the next fallbacks.
+    assert [r.split(":")[0] for r in decision.reasons] == [s for s in ALL if s not in candidates] + list(candidates)
+
+
+def test_exit_budget_spent_still_gives_up() -> None:
+    decision = choose(
+        ladder(policy=PolicyView(("dump", "exit"), budgets=(("exit", 1, 60.0),)), failed=("dump",),
+               history=(exit_outcome(NOW - 1),)),
+        implemented=IMPLEMENTED_ALL,
+    )  # fmt: skip
+    assert decision.give_up and decision.strategy == ""
+    assert "give up: 1 exit(s) within 60s reached the job budget of 1" in decision.reasons
+
+
+def test_this_version_runs_only_recover_in_place_and_exit() -> None:
+    decision = choose(ladder(failed=("recover-in-place",)))
+    assert decision.strategy == "exit"
+    assert "dump: no, not implemented in this version of recoverd" in decision.reasons

@@ -89,16 +89,53 @@ ACTION_RESTART_ALL: CommandAction
 ACTION_STOP_ALL: CommandAction
 
 class Policy(_message.Message):
-    __slots__ = ("strategies", "max_rank_restarts", "max_job_restarts", "restart_window_s")
+    __slots__ = ("strategies", "max_rank_restarts", "max_job_restarts", "restart_window_s", "deadlines", "budgets", "spares", "allow_rank0_in_place")
+    class BudgetsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Budget
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Budget, _Mapping]] = ...) -> None: ...
     STRATEGIES_FIELD_NUMBER: _ClassVar[int]
     MAX_RANK_RESTARTS_FIELD_NUMBER: _ClassVar[int]
     MAX_JOB_RESTARTS_FIELD_NUMBER: _ClassVar[int]
     RESTART_WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    DEADLINES_FIELD_NUMBER: _ClassVar[int]
+    BUDGETS_FIELD_NUMBER: _ClassVar[int]
+    SPARES_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_RANK0_IN_PLACE_FIELD_NUMBER: _ClassVar[int]
     strategies: _containers.RepeatedScalarFieldContainer[str]
     max_rank_restarts: int
     max_job_restarts: int
     restart_window_s: float
-    def __init__(self, strategies: _Optional[_Iterable[str]] = ..., max_rank_restarts: _Optional[int] = ..., max_job_restarts: _Optional[int] = ..., restart_window_s: _Optional[float] = ...) -> None: ...
+    deadlines: PolicyDeadlines
+    budgets: _containers.MessageMap[str, Budget]
+    spares: _containers.RepeatedScalarFieldContainer[str]
+    allow_rank0_in_place: bool
+    def __init__(self, strategies: _Optional[_Iterable[str]] = ..., max_rank_restarts: _Optional[int] = ..., max_job_restarts: _Optional[int] = ..., restart_window_s: _Optional[float] = ..., deadlines: _Optional[_Union[PolicyDeadlines, _Mapping]] = ..., budgets: _Optional[_Mapping[str, Budget]] = ..., spares: _Optional[_Iterable[str]] = ..., allow_rank0_in_place: _Optional[bool] = ...) -> None: ...
+
+class PolicyDeadlines(_message.Message):
+    __slots__ = ("fault_window_s", "stop_s", "strategies_s", "decide_s", "recover_s")
+    FAULT_WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    STOP_S_FIELD_NUMBER: _ClassVar[int]
+    STRATEGIES_S_FIELD_NUMBER: _ClassVar[int]
+    DECIDE_S_FIELD_NUMBER: _ClassVar[int]
+    RECOVER_S_FIELD_NUMBER: _ClassVar[int]
+    fault_window_s: float
+    stop_s: float
+    strategies_s: float
+    decide_s: float
+    recover_s: float
+    def __init__(self, fault_window_s: _Optional[float] = ..., stop_s: _Optional[float] = ..., strategies_s: _Optional[float] = ..., decide_s: _Optional[float] = ..., recover_s: _Optional[float] = ...) -> None: ...
+
+class Budget(_message.Message):
+    __slots__ = ("max", "window_s")
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    max: int
+    window_s: float
+    def __init__(self, max: _Optional[int] = ..., window_s: _Optional[float] = ...) -> None: ...
 
 class JobSpec(_message.Message):
     __slots__ = ("name", "uid", "world_size", "nnodes", "nproc_per_node", "master_addr", "master_port", "policy", "created_at", "created_by")

@@ -1,0 +1,249 @@
+"""A job's recovery policy: the YAML file given with ``--policy`` / ``recoverctl policy set``.
+
+Format (every key optional; docs/policy.md)::
+
+    strategies: [recover-in-place, exit]    # allowed, in order; `exit` is always appended
+    deadlines: {fault_window: 0.2, stop: 10, strategies: 10, decide: 30, recover: 60}   # seconds
+    budgets:                                # at most `max` uses per `window_s` seconds
+      recover-in-place: {max: 3, window_s: 3600}   # counted per rank
+      exit: {max: 3, window_s: 600}                # the job's restart budget
+    spares: [node7, node8]                  # spare nodes for `recover` (stored only, for now)
+    allow_rank0_in_place: true              # may rank 0's node be recovered in place?
+
+:func:`parse_policy` validates the text into a frozen :class:`JobPolicy` and raises
+:class:`~recoverd.errors.ConfigError` naming the key, the bad value and what is allowed.
+:meth:`JobPolicy.to_pb` turns it into the stored ``pb.Policy``; :func:`policy_dict` turns a stored
+policy back into the file's form (what ``recoverctl policy show`` prints).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from recoverd.errors import ConfigError, RecoverdError
+from recoverd.keys import check_id
+from recoverd.records import pb
+
+__all__ = [
+    "DEADLINE_KEYS",
+    "DEFAULT_BUDGET_WINDOW_S",
+    "KNOWN_STRATEGIES",
+    "Budget",
+    "Deadlines",
+    "JobPolicy",
+    "load_policy",
+    "parse_policy",
+    "policy_dict",
+]
+
+#: Strategy names, in MindCluster's priority order (the selector's ALL_STRATEGIES).
+KNOWN_STRATEGIES = ("retry", "recover-in-place", "recover", "elastic-training", "dump", "exit")
+#: The file's deadline keys -> the fields of pb.PolicyDeadlines (and of the coordinator's Timeouts).
+DEADLINE_KEYS = {
+    "fault_window": "fault_window_s",
+    "stop": "stop_s",
+    "strategies": "strategies_s",
+    "decide": "decide_s",
+    "recover": "recover_s",
+}
+DEFAULT_BUDGET_WINDOW_S = 600.0
+_TOP_KEYS = ("strategies", "deadlines", "budgets", "spares", "allow_rank0_in_place")
+_BUDGET_KEYS = ("max", "window_s")
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    max: int
+    window_s: float = DEFAULT_BUDGET_WINDOW_S
+
+
+@dataclass(frozen=True, slots=True)
+class Deadlines:
+    """Seconds; ``None`` = not set (the coordinator's own ``--*-timeout`` applies)."""
+
+    fault_window_s: float | None = None
+    stop_s: float | None = None
+    strategies_s: float | None = None
+    decide_s: float | None = None
+    recover_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobPolicy:
+    #: Allowed strategies in order, `exit` last; ``None`` when the file does not say.
+    strategies: tuple[str, ...] | None = None
+    deadlines: Deadlines = field(default_factory=Deadlines)
+    #: (strategy, budget) pairs, in the file's order.
+    budgets: tuple[tuple[str, Budget], ...] = ()
+    spares: tuple[str, ...] = ()
+    allow_rank0_in_place: bool = True
+
+    def budget(self, strategy: str) -> Budget | None:
+        return dict(self.budgets).get(strategy)
+
+    def to_pb(self, base: pb.Policy | None = None) -> pb.Policy:
+        """The stored policy. ``base`` supplies what the file does not set: the strategies and the
+        flag-level budgets (max_rank_restarts, max_job_restarts, restart_window_s, and the budgets
+        of recover-in-place and exit); deadlines, other budgets, spares and allow_rank0_in_place
+        come from the file alone."""
+        out = pb.Policy(strategies=["exit"], max_rank_restarts=3, max_job_restarts=3, restart_window_s=600.0)
+        if base is not None:
+            out.strategies[:] = list(base.strategies) or ["exit"]
+            out.max_rank_restarts = base.max_rank_restarts or 3
+            out.max_job_restarts = base.max_job_restarts or 3
+            out.restart_window_s = base.restart_window_s or 600.0
+            for kept in ("recover-in-place", "exit"):
+                if kept in base.budgets:
+                    out.budgets[kept].CopyFrom(base.budgets[kept])
+        if self.strategies is not None:
+            out.strategies[:] = list(self.strategies)
+        for name in DEADLINE_KEYS.values():
+            value = getattr(self.deadlines, name)
+            if value is not None:
+                setattr(out.deadlines, name, value)
+        for strategy, budget in self.budgets:
+            out.budgets[strategy].max = budget.max
+            out.budgets[strategy].window_s = budget.window_s
+        # The flag-level fields keep their meaning for readers that know only them.
+        if (rip := self.budget("recover-in-place")) is not None:
+            out.max_rank_restarts = rip.max
+        if (ex := self.budget("exit")) is not None:
+            out.max_job_restarts = ex.max
+        out.spares[:] = list(self.spares)
+        out.allow_rank0_in_place = self.allow_rank0_in_place
+        return out
+
+
+def _fail(where: str, key: str, value: object, allowed: str) -> ConfigError:
+    return ConfigError(f"{where}: {key}: {value!r} is not valid; {allowed}")
+
+
+def _seconds(where: str, key: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise _fail(where, key, value, "expected a positive number of seconds")
+    return float(value)
+
+
+def _mapping(where: str, key: str, value: object, allowed: str) -> dict[Any, Any]:
+    if not isinstance(value, dict):
+        raise _fail(where, key, value, f"expected a mapping of {allowed}")
+    return value
+
+
+def _unknown(where: str, key: str, found: dict[Any, Any], allowed: tuple[str, ...]) -> None:
+    extra = [k for k in found if k not in allowed]
+    if extra:
+        raise ConfigError(f"{where}: unknown key {key}{extra[0]!r}; allowed: {', '.join(allowed)}")
+
+
+def _strategy_list(where: str, value: object) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise _fail(where, "strategies", value, f"expected a non-empty list of {', '.join(KNOWN_STRATEGIES)}")
+    out: list[str] = []
+    for item in value:
+        if item not in KNOWN_STRATEGIES:
+            raise _fail(where, "strategies", item, f"allowed: {', '.join(KNOWN_STRATEGIES)}")
+        if item in out:
+            raise _fail(where, "strategies", item, "each strategy may be listed once")
+        out.append(item)
+    if "exit" in out:
+        out.remove("exit")
+    return (*out, "exit")
+
+
+def _deadlines(where: str, value: object) -> Deadlines:
+    raw = _mapping(where, "deadlines", value, ", ".join(DEADLINE_KEYS))
+    _unknown(where, "deadlines.", raw, tuple(DEADLINE_KEYS))
+    return Deadlines(**{DEADLINE_KEYS[k]: _seconds(where, f"deadlines.{k}", v) for k, v in raw.items()})
+
+
+def _budgets(where: str, value: object) -> tuple[tuple[str, Budget], ...]:
+    raw = _mapping(where, "budgets", value, "strategy: {max: N, window_s: S}")
+    out = []
+    for strategy, spec in raw.items():
+        if strategy not in KNOWN_STRATEGIES:
+            raise _fail(where, "budgets", strategy, f"allowed strategies: {', '.join(KNOWN_STRATEGIES)}")
+        key = f"budgets.{strategy}"
+        entry = _mapping(where, key, spec, "max: N, window_s: S")
+        _unknown(where, f"{key}.", entry, _BUDGET_KEYS)
+        if "max" not in entry:
+            raise ConfigError(f"{where}: {key}: missing key 'max' (the number of uses allowed per window_s)")
+        count = entry["max"]
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise _fail(where, f"{key}.max", count, "expected a positive integer")
+        window = _seconds(where, f"{key}.window_s", entry.get("window_s", DEFAULT_BUDGET_WINDOW_S))
+        out.append((strategy, Budget(count, window)))
+    return tuple(out)
+
+
+def _spares(where: str, value: object) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise _fail(where, "spares", value, "expected a list of node names")
+    out: list[str] = []
+    for item in value:
+        try:
+            check_id("node", item)
+        except RecoverdError:
+            raise _fail(
+                where, "spares", item, "node names are 1-253 of [A-Za-z0-9._:-], starting alphanumeric"
+            ) from None
+        if item in out:
+            raise _fail(where, "spares", item, "each node may be listed once")
+        out.append(item)
+    return tuple(out)
+
+
+def parse_policy(text: str, where: str = "policy") -> JobPolicy:
+    """Validate a policy file's text; ``where`` names it in errors (usually the path)."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{where}: not valid YAML: {err}") from None
+    if raw is None:
+        raise ConfigError(f"{where}: the policy file is empty; expected a mapping with keys {', '.join(_TOP_KEYS)}")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping with keys {', '.join(_TOP_KEYS)}, got {type(raw).__name__}")
+    _unknown(where, "", raw, _TOP_KEYS)
+    allow = raw.get("allow_rank0_in_place", True)
+    if not isinstance(allow, bool):
+        raise _fail(where, "allow_rank0_in_place", allow, "expected true or false")
+    return JobPolicy(
+        strategies=_strategy_list(where, raw["strategies"]) if "strategies" in raw else None,
+        deadlines=_deadlines(where, raw["deadlines"]) if "deadlines" in raw else Deadlines(),
+        budgets=_budgets(where, raw["budgets"]) if "budgets" in raw else (),
+        spares=_spares(where, raw["spares"]) if "spares" in raw else (),
+        allow_rank0_in_place=allow,
+    )
+
+
+def load_policy(path: str | Path) -> JobPolicy:
+    """Read and validate a policy file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"cannot read policy file {path}: {err}") from None
+    return parse_policy(text, str(path))
+
+
+def policy_dict(policy: pb.Policy) -> dict[str, Any]:
+    """A stored policy in the file's form (every key explicit; deadlines only where set)."""
+    budgets: dict[str, dict[str, Any]] = {
+        "recover-in-place": {"max": policy.max_rank_restarts or 3, "window_s": policy.restart_window_s or 600.0},
+        "exit": {"max": policy.max_job_restarts or 3, "window_s": policy.restart_window_s or 600.0},
+    }
+    for strategy in KNOWN_STRATEGIES:
+        if strategy in policy.budgets:
+            entry = policy.budgets[strategy]
+            budgets[strategy] = {"max": entry.max, "window_s": entry.window_s}
+    return {
+        "strategies": list(policy.strategies) or ["exit"],
+        "deadlines": {key: value for key, name in DEADLINE_KEYS.items() if (value := getattr(policy.deadlines, name))},
+        "budgets": {s: budgets[s] for s in KNOWN_STRATEGIES if s in budgets},
+        "spares": list(policy.spares),
+        "allow_rank0_in_place": policy.allow_rank0_in_place if policy.HasField("allow_rank0_in_place") else True,
+    }

@@ -97,6 +97,22 @@ class Phase(StrEnum):
 #: (a stop or strategies deadline) rules them all out, leaving `exit`.
 CHEAPER_THAN_EXIT = ("retry", "recover-in-place", "recover", "elastic-training", "dump")
 
+#: Strategies whose agents restart the faulty ranks' processes; `retry` and `dump` are carried out
+#: by the job itself (its client) and send no command, `exit` restarts every rank.
+RESTARTS_FAULTY_RANKS = frozenset({"recover-in-place", "recover", "elastic-training"})
+
+#: Upstream's stop-complete code "processes not ready": job-level escalation.
+PROCESS_NOT_READY = 404
+
+#: Recover-status codes (contract section 3) and what else each rules out: 405 (retry failed,
+#: recoverable) only the strategy itself; 406 (unrecoverable) leaves dump or exit; 499 (client
+#: error) and 201 (isolate ranks: scale-in, not built) leave only exit.
+_RULED_OUT_BY_CODE: dict[int, tuple[str, ...]] = {
+    406: ("retry", "recover-in-place", "recover", "elastic-training"),
+    499: CHEAPER_THAN_EXIT,
+    201: CHEAPER_THAN_EXIT,
+}
+
 ACTIVE_PHASES = frozenset({Phase.COLLECTING, Phase.STOPPING, Phase.GLOBAL_FAULT, Phase.DECIDING, Phase.RECOVERING})
 WAITING_PHASES = frozenset({Phase.STOPPING, Phase.GLOBAL_FAULT, Phase.RECOVERING})
 
@@ -365,6 +381,9 @@ def step(rec: Recovery, event: Event, now: float, timeouts: Timeouts | None = No
     if isinstance(event, StopCompleted):
         if not _is_news(rec, event.participant):
             return rec, []
+        if event.code == PROCESS_NOT_READY:
+            # Upstream's 404: the processes are not all ready, nothing process-level can help.
+            return _fail_job(rec, now, timeouts, f"{event.participant} reports processes not ready (code 404)")
         if event.code != 0:
             return _rule_out_cheap(rec, now, timeouts, f"{event.participant} could not stop (code {event.code})")
         return _report(rec, event.participant, now, timeouts)
@@ -380,9 +399,8 @@ def step(rec: Recovery, event: Event, now: float, timeouts: Timeouts | None = No
         if not _is_news(rec, event.participant):
             return rec, []
         if event.code != 0:
-            return _strategy_failed(
-                rec, now, timeouts, f"{event.participant} reported code {event.code}: {event.message}".rstrip(": ")
-            )
+            why = f"{event.participant} reported code {event.code}: {event.message}".rstrip(": ")
+            return _strategy_failed(rec, now, timeouts, why, also_failed=_RULED_OUT_BY_CODE.get(event.code, ()))
         return _report(rec, event.participant, now, timeouts)
     raise IllegalTransition(f"unknown event {event!r}")  # pragma: no cover - the table check covers it
 
@@ -556,11 +574,22 @@ def _rule_out_cheap(rec: Recovery, now: float, timeouts: Timeouts, why: str) -> 
     return new, [EmitEvent("escalated", f"{why}; only exit remains (epoch {new.epoch})")]
 
 
-def _strategy_failed(rec: Recovery, now: float, timeouts: Timeouts, why: str) -> tuple[Recovery, list[Effect]]:
-    """The strategy in progress failed: fall back to the selector, or fail the job after `exit`."""
+def _strategy_failed(
+    rec: Recovery, now: float, timeouts: Timeouts, why: str, also_failed: tuple[str, ...] = ()
+) -> tuple[Recovery, list[Effect]]:
+    """The strategy in progress failed: fall back to the selector, or fail the job after `exit`.
+
+    ``also_failed``: strategies the failure's code rules out too (406: only dump or exit remain;
+    499 and 201: only exit), recorded as failed with the same reason.
+    """
     if rec.strategy == "exit":
         return _fail_job(rec, now, timeouts, f"exit failed: {why}")
-    failed = (*rec.failed_strategies, (rec.strategy, why))
+    known = {name for name, _ in rec.failed_strategies} | {rec.strategy}
+    failed = (
+        *rec.failed_strategies,
+        (rec.strategy, why),
+        *((s, why) for s in also_failed if s not in known),
+    )
     # The failed strategy is recorded here, once; no strategy is in progress while deciding.
     new = _enter(rec, Phase.DECIDING, now, timeouts, epoch=rec.epoch + 1, failed_strategies=failed, strategy="")
     return new, [
@@ -593,7 +622,7 @@ def _decided(rec: Recovery, event: DecisionMade, now: float, timeouts: Timeouts)
         for node in nodes:
             seq += 1
             commands.append(SendCommand(node, "RESTART_ALL", (), seq, event.strategy))
-    else:
+    elif event.strategy in RESTARTS_FAULTY_RANKS:
         by_node: dict[str, set[int]] = {}
         for fault in rec.faults:
             by_node.setdefault(fault.node, set()).add(fault.rank)

@@ -398,14 +398,44 @@ def test_exit_restarts_every_decision_node_and_every_fault_node() -> None:
 def test_restart_ranks_groups_ranks_by_node_in_node_order() -> None:
     faults = (fault("f1", 5, "n2"), fault("f2", 1, "n1"), fault("f3", 4, "n2"), fault("f4", 4, "n2"))
     rec, now = walk("DECIDING", faults=faults)
-    rec, effects = apply(rec, DecisionMade(rec.epoch, "retry"), now)
+    rec2, effects = apply(rec, DecisionMade(rec.epoch, "recover"), now)
     assert [e for e in effects if isinstance(e, SendCommand)] == [
-        SendCommand("n1", "RESTART_RANKS", (1,), 1, "retry"),
-        SendCommand("n2", "RESTART_RANKS", (4, 5), 2, "retry"),
+        SendCommand("n1", "RESTART_RANKS", (1,), 1, "recover"),
+        SendCommand("n2", "RESTART_RANKS", (4, 5), 2, "recover"),
     ]
+    assert rec2.fault_ranks == (1, 4, 5)
+
+
+@pytest.mark.parametrize("strategy", ["retry", "dump"])
+def test_strategies_carried_out_by_the_job_send_no_command(strategy: str) -> None:
+    """retry (step rollback) and dump (save) are the job's own: no process is restarted."""
+    rec, now = walk("DECIDING", faults=(fault("f1", 5, "n2"),))
+    rec, effects = apply(rec, DecisionMade(rec.epoch, strategy), now)
+    assert rec.phase is Phase.RECOVERING and rec.command_nodes == frozenset()
+    assert [e for e in effects if isinstance(e, SendCommand)] == []
     signal = next(e for e in effects if isinstance(e, PublishSignal))
-    assert (signal.actions, signal.change_strategy, signal.extra_params) == (("change_strategy",), "retry", "")
-    assert rec.fault_ranks == (1, 4, 5)
+    assert (signal.actions, signal.change_strategy, signal.extra_params) == (("change_strategy",), strategy, "")
+
+
+@pytest.mark.parametrize(
+    ("code", "also"),
+    [(405, ()), (406, ("retry", "recover-in-place", "recover", "elastic-training")), (407, ()),
+     (499, ("retry", "recover-in-place", "recover", "elastic-training", "dump")),
+     (201, ("retry", "recover-in-place", "recover", "elastic-training", "dump"))],
+)  # fmt: skip
+def test_recover_status_codes_rule_out_what_upstream_says(code: int, also: tuple[str, ...]) -> None:
+    rec, now = walk("DECIDING", participants=("a",))
+    rec, _ = apply(rec, DecisionMade(rec.epoch, "retry"), now)
+    rec, _ = apply(rec, RecoverStatusReported(rec.epoch, "a", code, "retry", "boom"), now + 1)
+    assert rec.phase is Phase.DECIDING
+    assert [name for name, _ in rec.failed_strategies] == ["retry", *[s for s in also if s != "retry"]]
+
+
+def test_stop_complete_404_fails_the_job() -> None:
+    rec, now = walk("STOPPING", participants=("a",))
+    rec, effects = apply(rec, StopCompleted(rec.epoch, "a", 404), now)
+    assert rec.phase is Phase.FAILED
+    assert any(isinstance(e, FinishJob) and not e.succeeded and "404" in e.reason for e in effects)
 
 
 @pytest.mark.parametrize(
@@ -646,11 +676,11 @@ def test_merged_round_can_complete_with_all_faults() -> None:
     rec, now = walk("RECOVERING")
     rec, _ = apply(rec, FaultReported(fault("f2", rank=6, node="n2")), now)
     rec, _ = apply(rec, StopCompleted(rec.epoch, "a"), now)
-    rec, _ = apply(rec, StrategiesReported(rec.epoch, "a", ("retry",)), now)
-    rec, effects = apply(rec, DecisionMade(rec.epoch, "retry"), now)
+    rec, _ = apply(rec, StrategiesReported(rec.epoch, "a", ("recover-in-place",)), now)
+    rec, effects = apply(rec, DecisionMade(rec.epoch, "recover-in-place"), now)
     assert [e for e in effects if isinstance(e, SendCommand)] == [
-        SendCommand("n1", "RESTART_RANKS", (3,), 2, "retry"),
-        SendCommand("n2", "RESTART_RANKS", (6,), 3, "retry"),
+        SendCommand("n1", "RESTART_RANKS", (3,), 2, "recover-in-place"),
+        SendCommand("n2", "RESTART_RANKS", (6,), 3, "recover-in-place"),
     ]
     assert rec.command_nodes == {"n1", "n2"}
     rec, _ = apply(rec, RecoverStatusReported(rec.epoch, "a", 0), now)
@@ -658,7 +688,7 @@ def test_merged_round_can_complete_with_all_faults() -> None:
     assert rec.phase is Phase.RECOVERING and rec.reported == {"a", "agent.n2"}
     rec, effects = apply(rec, RecoverStatusReported(rec.epoch, "agent.n1", 0), now)
     assert rec.phase is Phase.DONE and rec.epoch == 2
-    assert non_emit(effects) == [RecordOutcome("retry", (3, 6), ok=True)]
+    assert non_emit(effects) == [RecordOutcome("recover-in-place", (3, 6), ok=True)]
 
 
 # ============================================================ 6. stale epochs
@@ -1161,7 +1191,8 @@ def test_command_nodes_are_the_nodes_sent_a_command(strategy: str) -> None:
     new, effects = apply(rec, DecisionMade(rec.epoch, strategy, nodes=("n0", "n1", "n2")), now)
     sent = {e.node for e in effects if isinstance(e, SendCommand)}
     assert new.phase is Phase.RECOVERING and new.command_nodes == sent
-    assert sent == ({"n0", "n1", "n2", "n3"} if strategy == "exit" else {"n1", "n3"})
+    expected = {"exit": {"n0", "n1", "n2", "n3"}, "retry": set(), "dump": set()}.get(strategy, {"n1", "n3"})
+    assert sent == expected
 
 
 def test_command_nodes_of_the_deciding_deadline_exit() -> None:

@@ -245,7 +245,8 @@ class Checker:
             assert {c.node for c in commands} >= {f.node for f in new.faults}
             assert all(c.strategy == new.strategy for c in commands)
         if entered_recovering:
-            assert commands
+            # retry and dump are carried out by the job itself: no process is restarted.
+            assert bool(commands) == (new.strategy not in ("retry", "dump"))
             assert new.command_nodes == {c.node for c in commands}
         elif new.phase is Phase.RECOVERING:
             assert new.command_nodes == prev.command_nodes
@@ -331,7 +332,8 @@ class Checker:
                 assert new.participants
         if new.phase is Phase.DONE and prev.phase is Phase.RECOVERING:
             assert new.participants and new.outcome == "succeeded"
-            assert new.command_nodes == frozenset() and prev.command_nodes
+            assert new.command_nodes == frozenset()
+            assert bool(prev.command_nodes) == (prev.strategy not in ("retry", "dump"))
         # `exit` restarts every node the decision (or the deciding deadline) named, plus every fault node.
         if commands and isinstance(event, (DecisionMade, DeadlinePassed)):
             job_nodes = set(event.nodes) | {f.node for f in new.faults}

@@ -29,11 +29,11 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from recoverd import __version__
 from recoverd.agent.agent import AgentSettings, NodeAgent, become_subreaper
+from recoverd.argtypes import positive
 from recoverd.coordinator.reconciler import Coordinator, CoordinatorSettings
 from recoverd.coordinator.recovery import Timeouts
 from recoverd.errors import ConfigError, RecoverdError
@@ -55,17 +55,7 @@ class ShutdownRequested(Exception):
     """SIGTERM/SIGINT reached a service: the task group unwinds and the service exits 0."""
 
 
-def _positive(kind: type) -> Callable[[str], Any]:
-    def parse(text: str) -> object:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a valid {kind.__name__}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-        return value
-
-    return parse
+_positive = positive
 
 
 def _strategies(text: str) -> tuple[str, ...]:

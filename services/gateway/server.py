@@ -19,6 +19,7 @@ from typing import Any
 
 import grpc
 
+from recoverd.argtypes import positive
 from recoverd.errors import ConfigError
 from recoverd.keys import Keyspace
 from recoverd.mindcluster import recover_pb2_grpc
@@ -97,14 +98,7 @@ class Gateway:
         log.info("recoverd gateway stopped")
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-    return value
+_positive_float = positive(float)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

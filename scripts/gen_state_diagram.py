@@ -69,6 +69,11 @@ def guarded_edges() -> list[tuple[rc.Phase, rc.Phase, str]]:
             rc.DeadlinePassed(1),
         ),
         (
+            "RecoverStatusReported (all confirmed, strategy dump: its exit follows)",
+            _scenario_rec(rc.Phase.RECOVERING, strategy="dump"),
+            rc.RecoverStatusReported(1, "agent.n0", code=0),
+        ),
+        (
             "DecisionMade (give up)",
             _scenario_rec(rc.Phase.DECIDING),
             rc.DecisionMade(1, "", give_up=True),
@@ -77,7 +82,7 @@ def guarded_edges() -> list[tuple[rc.Phase, rc.Phase, str]]:
     edges = []
     for label, rec, event in scenarios:
         new, _ = rc.step(rec, event, now=1.0)
-        if new.phase is not rec.phase:
+        if new.phase is not rec.phase or new.epoch != rec.epoch:  # a new round in the same phase too
             edges.append((rec.phase, new.phase, label))
     return edges
 

@@ -66,6 +66,7 @@ def recovery_from_pb(msg: pb.Recovery) -> Recovery:
         failed_strategies=tuple((f.strategy, f.reason) for f in msg.failed_strategies),
         command_seq=msg.command_seq,
         command_nodes=frozenset(msg.command_nodes),
+        job_nodes=tuple(msg.job_nodes),
         outcome=msg.outcome,
         phase_log=tuple((_phase_from_pb(e.phase), ts_to_s(e.at), e.epoch) for e in msg.phase_log),
     )
@@ -87,6 +88,7 @@ def recovery_to_pb(rec: Recovery, uuid: str = "") -> pb.Recovery:
         failed_strategies=[pb.FailedStrategy(strategy=s, reason=r) for s, r in rec.failed_strategies],
         command_seq=rec.command_seq,
         command_nodes=sorted(rec.command_nodes),
+        job_nodes=list(rec.job_nodes),
         outcome=rec.outcome,
         recovery_id=rec.recovery_id,
         phase_log=[pb.PhaseEntry(phase=_phase_to_pb(p), at=ts_from_s(t), epoch=e) for p, t, e in rec.phase_log],  # type: ignore[arg-type]

@@ -14,9 +14,11 @@ The walk follows MindCluster's ClusterD order (reference/mindcluster-contract.md
 
 A fault that arrives in any active phase is merged into the recovery: in COLLECTING it is simply
 added (upstream's fault flush); later it starts a new round (new epoch) at STOPPING with every fault
-so far. A failed strategy (non-zero recover status or a passed deadline) goes back to DECIDING with
-that strategy recorded as failed, so the selector falls back level by level; when `exit` itself
-fails, or the selector gives up, the job FAILS (killMaster semantics).
+so far. A `dump` that everyone confirmed is followed by an `exit` (upstream's dump_exit) in a new
+round: RECOVERING(dump) -> RECOVERING(exit) with the epoch bumped and every node of the job sent
+RESTART_ALL. A failed strategy (non-zero recover status or a passed deadline) goes back to
+DECIDING with that strategy recorded as failed, so the selector falls back level by level; when
+`exit` itself fails, or the selector gives up, the job FAILS (killMaster semantics).
 
 ``TRANSITIONS`` is the whole table: (phase, event type) -> the phase entered when the event's guard
 holds. Pairs not in the table raise :class:`IllegalTransition` (the shell records it and carries on;
@@ -38,6 +40,7 @@ from recoverd.errors import IllegalTransition, StaleEpoch
 
 __all__ = [
     "CHEAPER_THAN_EXIT",
+    "DUMP_EXIT",
     "TRANSITIONS",
     "DeadlinePassed",
     "DecisionMade",
@@ -101,6 +104,9 @@ CHEAPER_THAN_EXIT = ("retry", "recover-in-place", "recover", "elastic-training",
 #: by the job itself (its client) and send no command, `exit` restarts every rank.
 RESTARTS_FAULTY_RANKS = frozenset({"recover-in-place", "recover", "elastic-training"})
 
+#: upstream's extraParams of the `exit` that follows a saved `dump` (dump_exit).
+DUMP_EXIT = "dump_exit"
+
 #: Upstream's stop-complete code "processes not ready": job-level escalation.
 PROCESS_NOT_READY = 404
 
@@ -158,10 +164,11 @@ class Recovery:
     """A job's recovery record (in-process form of ``recoverd.v1.Recovery``).
 
     ``epoch`` numbers rounds: it grows when a recovery opens, when a late fault restarts the round,
-    and when a failed strategy goes back to DECIDING. Every report and decision names the epoch it
-    answers; anything older is stale. ``reported`` holds the participants that answered the current
-    waiting phase (in RECOVERING also commanded agents that are not participants); ``supported`` is
-    what every participant said it can do (GLOBAL_FAULT's answers).
+    when a failed strategy goes back to DECIDING, and when a saved `dump` is followed by its `exit`.
+    Every report and decision names the epoch it answers; anything older is stale. ``reported``
+    holds the participants that answered the current waiting phase (in RECOVERING also commanded
+    agents that are not participants); ``supported`` is what every participant said it can do
+    (GLOBAL_FAULT's answers).
     """
 
     phase: Phase = Phase.DONE
@@ -179,6 +186,8 @@ class Recovery:
     command_seq: int = 0
     #: Nodes sent a command in this RECOVERING phase: their agents must confirm it too.
     command_nodes: frozenset[str] = frozenset()
+    #: Every node of the job named by this recovery's decisions: `dump`'s trailing `exit` restarts them all.
+    job_nodes: tuple[str, ...] = ()
     outcome: str = ""
     phase_log: tuple[tuple[Phase, float, int], ...] = field(default=())
 
@@ -518,6 +527,8 @@ def _advance(rec: Recovery, now: float, timeouts: Timeouts) -> tuple[Recovery, l
         return new, [PublishSignal("globalFault", ("on_global_rank",), _fault_wire(new))]
     if rec.phase is Phase.GLOBAL_FAULT:
         return _enter(rec, Phase.DECIDING, now, timeouts), []
+    if rec.phase is Phase.RECOVERING and rec.strategy == "dump":
+        return _dump_saved(rec, now, timeouts)
     if rec.phase is Phase.RECOVERING:
         new = _enter(rec, Phase.DONE, now, timeouts, outcome="succeeded")
         return new, [
@@ -529,6 +540,24 @@ def _advance(rec: Recovery, now: float, timeouts: Timeouts) -> tuple[Recovery, l
             ),
         ]
     return rec, []
+
+
+def _dump_saved(rec: Recovery, now: float, timeouts: Timeouts) -> tuple[Recovery, list[Effect]]:
+    """Everyone confirmed the dying-gasp checkpoint: the dump is recorded as done, then every rank of
+    the job is restarted (upstream's dump_exit) in a new round, so the dump's answers are not taken
+    for the restart's. That round completes (or fails) like any `exit`."""
+    epoch = rec.epoch + 1
+    decision = DecisionMade(epoch, "exit", ("dump saved; exit restarts every rank (dump_exit)",), nodes=rec.job_nodes)
+    new, effects = _decided(dataclasses.replace(rec, epoch=epoch), decision, now, timeouts, extra_params=DUMP_EXIT)
+    return new, [
+        RecordOutcome(rec.strategy, rec.fault_ranks, ok=True),
+        EmitEvent(
+            "dump_saved",
+            f"recovery {rec.recovery_id}: dump of ranks {list(rec.fault_ranks)} saved; restarting every rank"
+            f" (epoch {epoch})",
+        ),
+        *effects,
+    ]
 
 
 def _participants_changed(
@@ -609,7 +638,13 @@ def _fail_job(rec: Recovery, now: float, timeouts: Timeouts, why: str) -> tuple[
     ]
 
 
-def _decided(rec: Recovery, event: DecisionMade, now: float, timeouts: Timeouts) -> tuple[Recovery, list[Effect]]:
+def _decided(
+    rec: Recovery, event: DecisionMade, now: float, timeouts: Timeouts, extra_params: str | None = None
+) -> tuple[Recovery, list[Effect]]:
+    """Enter RECOVERING with the decided strategy (or fail the job on a give-up).
+
+    ``extra_params`` overrides the wire form's extraParams (`dump_exit` for the `exit` after a dump).
+    """
     reasons = "; ".join(event.reasons)
     if event.give_up or not event.strategy:
         return _fail_job(
@@ -617,6 +652,7 @@ def _decided(rec: Recovery, event: DecisionMade, now: float, timeouts: Timeouts)
         )
     seq = rec.command_seq
     commands: list[Effect] = []
+    job_nodes = tuple(sorted(set(rec.job_nodes) | set(event.nodes)))
     if event.strategy == "exit":
         nodes = sorted(set(event.nodes) | {f.node for f in rec.faults})
         for node in nodes:
@@ -630,6 +666,8 @@ def _decided(rec: Recovery, event: DecisionMade, now: float, timeouts: Timeouts)
             seq += 1
             commands.append(SendCommand(node, "RESTART_RANKS", tuple(sorted(by_node[node])), seq, event.strategy))
     change, extra, actions = wire_strategy(event.strategy)
+    if extra_params is not None:
+        extra = extra_params
     new = _enter(
         rec,
         Phase.RECOVERING,
@@ -638,6 +676,7 @@ def _decided(rec: Recovery, event: DecisionMade, now: float, timeouts: Timeouts)
         strategy=event.strategy,
         decision_reasons=event.reasons,
         command_seq=seq,
+        job_nodes=job_nodes,
     )
     new = dataclasses.replace(new, command_nodes=frozenset(c.node for c in commands if isinstance(c, SendCommand)))
     return new, [

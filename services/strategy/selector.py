@@ -35,7 +35,7 @@ __all__ = ["ALL_STRATEGIES", "EXPECTED_COST_S", "Decision", "Outcome", "PolicyVi
 ALL_STRATEGIES = ("retry", "recover-in-place", "recover", "elastic-training", "dump", "exit")
 _NEEDS_EVERY_PARTICIPANT = frozenset({"retry", "recover", "dump"})
 #: Strategies whose executors exist in this version; the others are refused with that reason.
-_IMPLEMENTED = frozenset({"retry", "recover-in-place", "exit"})
+_IMPLEMENTED = frozenset({"retry", "recover-in-place", "dump", "exit"})
 _RETRYABLE_FAULT_TYPES = frozenset({"0", "2"})
 #: What is left after a strategy failed (upstream's chooseStrategy fallbacks); anything else: exit.
 _AFTER_FAILED = {

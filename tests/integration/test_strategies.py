@@ -1,8 +1,13 @@
-"""Strategies carried out end to end: retry (in the job, no restart) and the fallback after it."""
+"""Strategies carried out end to end: retry (in the job, no restart), the fallback after it, and
+dump (the job saves a checkpoint, then every rank restarts: upstream's dump_exit)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+
+from recoverd.records import pb
 
 from .cluster import Cluster
 from .test_client import Controller, _done
@@ -65,3 +70,42 @@ def test_an_unrecoverable_retry_falls_back_to_exit(cluster: Cluster, controller)
     assert all(after[r].pid != before[r].pid and after[r].restart_count == 1 for r in (0, 1))
     assert [o.strategy for o in view.history.outcomes] == ["retry", "exit"]  # type: ignore[attr-defined]
     assert [o.ok for o in view.history.outcomes] == [False, True]  # type: ignore[attr-defined]
+
+
+def test_dump_saves_a_checkpoint_then_restarts_every_rank(cluster: Cluster, controller, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cluster.coordinator()
+    cluster.strategy()
+    cluster.agent("job-dump", nproc=2, strategies="dump,exit")
+    before = cluster.wait_running("job-dump", 2)
+    client = controller("job-dump", ("dump", "exit"))
+    manager = client.manager
+    checkpoint = tmp_path / "dying-gasp.ckpt"
+
+    def save_then_answer(ranks: dict[int, int], message) -> None:  # type: ignore[no-untyped-def]
+        client.seen.append(("change_strategy", message.signalType, ranks, message.changeStrategy, message.extraParams))
+        if message.changeStrategy == "dump":
+            checkpoint.write_text(f"ranks {sorted(ranks)}\n")  # the dying-gasp checkpoint
+        client.codes.append(manager.report_recover_status(0, "", ranks, message.changeStrategy))
+
+    manager.set_handler("change_strategy", save_then_answer)
+    client.start()
+    assert manager.report_process_fault({1: 1}) == 0  # a normal fault: no retry, dump is the cheapest left
+    view = cluster.wait_for("the dump and its exit to finish", lambda: _done(cluster, "job-dump"))
+    rec = view.recovery  # type: ignore[attr-defined]
+    assert checkpoint.read_text() == "ranks [1]\n"
+    # The dump was decided by the selector; the exit followed it in the next round, restarting all.
+    assert rec.strategy == "exit" and list(rec.failed_strategies) == []
+    assert view.decisions[rec.epoch - 1].strategy == "dump"  # type: ignore[attr-defined]
+    phases = [(pb.Phase.Name(e.phase), e.epoch) for e in rec.phase_log]
+    assert phases[-3:] == [
+        ("PHASE_RECOVERING", rec.epoch - 1),
+        ("PHASE_RECOVERING", rec.epoch),
+        ("PHASE_DONE", rec.epoch),
+    ]
+    changes = [(s[3], s[4]) for s in client.seen if s[0] == "change_strategy"]
+    assert changes == [("dump", ""), ("exit", "dump_exit")]
+    assert client.codes[-2:] == [0, 0]
+    after = cluster.ranks("job-dump")
+    assert all(after[r].pid != before[r].pid and after[r].restart_count == 1 for r in (0, 1))
+    outcomes = [(o.strategy, o.ok) for o in view.history.outcomes]  # type: ignore[attr-defined]
+    assert outcomes == [("dump", True), ("exit", True)]

@@ -417,6 +417,87 @@ def test_strategies_carried_out_by_the_job_send_no_command(strategy: str) -> Non
     assert (signal.actions, signal.change_strategy, signal.extra_params) == (("change_strategy",), strategy, "")
 
 
+def dump_in_progress(participants: tuple[str, ...] = ("a", "b")) -> tuple[Recovery, float]:
+    """A dump decided for rank 3 on n1 and rank 9 on n9, in a job of nodes n0..n2."""
+    rec, now = walk("DECIDING", participants=participants, faults=(fault("f1", 3, "n1"), fault("f2", 9, "n9")))
+    rec, _ = apply(rec, DecisionMade(rec.epoch, "dump", ("cheapest left",), nodes=("n2", "n0", "n1")), now)
+    assert rec.phase is Phase.RECOVERING and rec.strategy == "dump" and rec.command_nodes == frozenset()
+    assert rec.job_nodes == ("n0", "n1", "n2")
+    return rec, now
+
+
+def test_saved_dump_is_followed_by_exit_of_every_rank_in_a_new_round() -> None:
+    """upstream's dump_exit: once every client saved its checkpoint, every rank restarts."""
+    rec, now = dump_in_progress()
+    dump_epoch, dump_seq = rec.epoch, rec.command_seq
+    rec, effects = apply(rec, RecoverStatusReported(dump_epoch, "a", 0, "dump"), now + 1)
+    assert (rec.phase, rec.epoch, rec.reported, effects) == (Phase.RECOVERING, dump_epoch, {"a"}, [])
+    rec, effects = apply(rec, RecoverStatusReported(dump_epoch, "b", 0, "dump"), now + 2)
+    assert rec.phase is Phase.RECOVERING and rec.strategy == "exit"
+    assert rec.epoch == dump_epoch + 1 and rec.reported == frozenset()
+    assert rec.phase_log[-2:] == ((Phase.RECOVERING, now, dump_epoch), (Phase.RECOVERING, now + 2, dump_epoch + 1))
+    assert rec.deadline_at == now + 2 + T.recover_s
+    assert rec.decision_reasons == ("dump saved; exit restarts every rank (dump_exit)",)
+    assert non_emit(effects) == [
+        RecordOutcome("dump", (3, 9), ok=True),
+        PublishSignal("changeStrategy", ("change_strategy",), ((3, "1"), (9, "1")), "exit", "dump_exit"),
+        SendCommand("n0", "RESTART_ALL", (), dump_seq + 1, "exit"),
+        SendCommand("n1", "RESTART_ALL", (), dump_seq + 2, "exit"),
+        SendCommand("n2", "RESTART_ALL", (), dump_seq + 3, "exit"),
+        SendCommand("n9", "RESTART_ALL", (), dump_seq + 4, "exit"),
+    ]
+    assert reasons(effects) == ["dump_saved", "strategy_decided"]
+    assert rec.command_seq == dump_seq + 4 and rec.command_nodes == {"n0", "n1", "n2", "n9"}
+    # The dump's answers are not taken for the restart's: they name the old epoch.
+    with pytest.raises(StaleEpoch):
+        apply(rec, RecoverStatusReported(dump_epoch, "a", 0, "dump"), now + 3)
+    # The exit completes like any exit: the participants and every restarted node's agent confirm.
+    rec = confirm_commands(rec, now + 3)
+    rec, effects = apply(rec, RecoverStatusReported(rec.epoch, "a", 0, "exit"), now + 3)
+    assert rec.phase is Phase.RECOVERING and effects == []
+    rec, effects = apply(rec, RecoverStatusReported(rec.epoch, "b", 0, "exit"), now + 4)
+    assert rec.phase is Phase.DONE and rec.outcome == "succeeded"
+    assert non_emit(effects) == [RecordOutcome("exit", (3, 9), ok=True)]
+
+
+def test_saved_dump_completed_by_losing_the_last_participant_also_exits() -> None:
+    rec, now = dump_in_progress()
+    rec, _ = apply(rec, RecoverStatusReported(rec.epoch, "a", 0, "dump"), now + 1)
+    rec, effects = apply(rec, ParticipantsChanged(frozenset({"a"})), now + 2)
+    assert rec.phase is Phase.RECOVERING and rec.strategy == "exit" and rec.participants == {"a"}
+    assert non_emit(effects)[0] == RecordOutcome("dump", (3, 9), ok=True)
+    assert [c.node for c in effects if isinstance(c, SendCommand)] == ["n0", "n1", "n2", "n9"]
+
+
+def test_exit_after_a_dump_that_fails_fails_the_job() -> None:
+    rec, now = dump_in_progress(participants=("a",))
+    rec, _ = apply(rec, RecoverStatusReported(rec.epoch, "a", 0, "dump"), now + 1)
+    assert rec.strategy == "exit"
+    rec, effects = apply(rec, RecoverStatusReported(rec.epoch, "agent.n2", 1, "exit", "boom"), now + 2)
+    assert rec.phase is Phase.FAILED
+    assert non_emit(effects)[:2] == [RecordOutcome("exit", (3, 9), ok=False), PublishSignal("killMaster", ())]
+    assert FinishJob(succeeded=False, reason="exit failed: agent.n2 reported code 1: boom") in effects
+
+
+def test_exit_after_a_dump_not_confirmed_in_time_fails_the_job() -> None:
+    rec, now = dump_in_progress(participants=("a",))
+    rec, _ = apply(rec, RecoverStatusReported(rec.epoch, "a", 0, "dump"), now + 1)
+    assert rec.deadline_at is not None
+    rec, _ = apply(rec, DeadlinePassed(rec.epoch), rec.deadline_at)
+    assert rec.phase is Phase.FAILED and rec.outcome.startswith("failed: exit failed: exit not confirmed in time")
+
+
+def test_failed_dump_falls_back_to_deciding() -> None:
+    """A dump that could not save (407) is recorded failed; the selector then picks exit."""
+    rec, now = dump_in_progress()
+    dump_epoch = rec.epoch
+    rec, effects = apply(rec, RecoverStatusReported(dump_epoch, "a", 407, "dump", "save failed"), now + 1)
+    assert rec.phase is Phase.DECIDING and rec.epoch == dump_epoch + 1 and rec.strategy == ""
+    assert rec.failed_strategies == (("dump", "a reported code 407: save failed"),)
+    assert non_emit(effects) == [RecordOutcome("dump", (3, 9), ok=False)]
+    assert [e for e in effects if isinstance(e, SendCommand)] == []
+
+
 @pytest.mark.parametrize(
     ("code", "also"),
     [(405, ()), (406, ("retry", "recover-in-place", "recover", "elastic-training")), (407, ()),
@@ -1216,3 +1297,11 @@ def test_command_nodes_are_cleared_whenever_recovering_is_left() -> None:
     assert (back.phase, back.command_nodes) == (Phase.DECIDING, frozenset())
     again, _ = apply(back, DecisionMade(back.epoch, "exit", nodes=("n0",)), now)
     assert again.command_nodes == {"n0", "n1"} and again.reported == frozenset()
+
+
+def test_job_nodes_survive_the_stored_record() -> None:
+    from recoverd.coordinator.codec import recovery_from_pb, recovery_to_pb
+
+    rec, _ = dump_in_progress()
+    back = recovery_from_pb(recovery_to_pb(rec))
+    assert back.job_nodes == ("n0", "n1", "n2") and back == rec

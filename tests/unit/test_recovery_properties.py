@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from recoverd.coordinator.recovery import (
     ACTIVE_PHASES,
     CHEAPER_THAN_EXIT,
+    DUMP_EXIT,
     TRANSITIONS,
     DeadlinePassed,
     DecisionMade,
@@ -30,6 +31,7 @@ from recoverd.coordinator.recovery import (
     FinishJob,
     ParticipantsChanged,
     Phase,
+    PublishSignal,
     RecordOutcome,
     RecoverStatusReported,
     Recovery,
@@ -79,6 +81,16 @@ Pick = Callable[[Sequence[Any]], Any]
 
 def commanded_agents(rec: Recovery) -> frozenset[str]:
     return frozenset(of_node(n) for n in rec.command_nodes)
+
+
+def dump_exit(prev: Recovery, new: Recovery) -> bool:
+    """The one step that stays in RECOVERING: a saved `dump` followed by its `exit` (a new round)."""
+    return (
+        prev.phase is Phase.RECOVERING
+        and prev.strategy == "dump"
+        and new.phase is Phase.RECOVERING
+        and (new.epoch != prev.epoch)
+    )
 
 
 def required(rec: Recovery) -> frozenset[str]:
@@ -172,6 +184,13 @@ class Checker:
             self.seen.add("give-up")
         if prev.phase is Phase.RECOVERING and new.phase is Phase.FAILED:
             self.seen.add("exit failed")
+            if [(p, e) for p, _, e in prev.phase_log[-2:]] == [
+                (Phase.RECOVERING, prev.epoch - 1),
+                (Phase.RECOVERING, prev.epoch),
+            ]:
+                self.seen.add("exit after dump failed")
+        if dump_exit(prev, new):
+            self.seen.add("dump saved, exit follows")
         if isinstance(event, RecoverStatusReported) and new is not prev and prev.phase is Phase.RECOVERING:
             if event.participant not in prev.participants:
                 self.seen.add("a commanded agent that is not a participant answered")
@@ -186,6 +205,7 @@ class Checker:
 
     def check(self, prev: Recovery, new: Recovery, effects: list[object], event: object, now: float) -> None:
         key = (prev.phase, type(event))
+        after_dump = dump_exit(prev, new)
         # Monotone counters.
         assert new.epoch >= prev.epoch
         assert new.recovery_id >= prev.recovery_id
@@ -200,6 +220,13 @@ class Checker:
         # The phase entered is the table's target, or stays, or is a guard's failure branch.
         if new.phase is not prev.phase:
             assert new.phase in {TRANSITIONS[key], Phase.DECIDING, Phase.FAILED}
+        # The only step that re-enters RECOVERING: everyone confirmed a `dump` (a report or a lost
+        # participant completing the phase), and its `exit` follows in the next epoch.
+        if prev.phase is Phase.RECOVERING and new.phase is Phase.RECOVERING and new.phase_log != prev.phase_log:
+            assert after_dump
+            assert isinstance(event, (RecoverStatusReported, ParticipantsChanged))
+            assert new.strategy == "exit" and new.epoch == prev.epoch + 1
+            assert new.recovery_id == prev.recovery_id and new.faults == prev.faults
         # Answers: only from those required (the participants, and in RECOVERING the agents of the
         # commanded nodes); commanded nodes are awaited only in RECOVERING.
         assert new.reported <= required(new)
@@ -236,7 +263,7 @@ class Checker:
         commands = [e for e in effects if isinstance(e, SendCommand)]
         entered_recovering = new.phase is Phase.RECOVERING and new.phase_log != prev.phase_log
         if commands:
-            assert entered_recovering and prev.phase is Phase.DECIDING
+            assert entered_recovering and (prev.phase is Phase.DECIDING or after_dump)
             seqs = [c.seq for c in commands]
             assert seqs[0] > self.last_seq and seqs == sorted(set(seqs))
             assert seqs[-1] == new.command_seq
@@ -250,6 +277,13 @@ class Checker:
             assert new.command_nodes == {c.node for c in commands}
         elif new.phase is Phase.RECOVERING:
             assert new.command_nodes == prev.command_nodes
+        # changeStrategy goes out exactly when entering RECOVERING; after a dump it is dump_exit's.
+        signals = [e for e in effects if isinstance(e, PublishSignal) and e.signal_type == "changeStrategy"]
+        assert len(signals) == (1 if entered_recovering else 0)
+        for signal in signals:
+            assert (signal.extra_params == DUMP_EXIT) == after_dump
+            if after_dump:
+                assert signal.change_strategy == "exit"
         # The job is finished at most once, and only by entering FAILED.
         finishes = [e for e in effects if isinstance(e, FinishJob)]
         self.finished += len(finishes)
@@ -270,9 +304,10 @@ class Checker:
                 assert (new.phase, new.epoch, new.deadline_at) == (Phase.STOPPING, prev.epoch + 1, now + T.stop_s)
             assert new.faults[:-1] == prev.faults
         # Epoch bumps come with entering STOPPING or DECIDING (a new round) or opening a recovery.
+        # ... or with a saved `dump`'s `exit` (RECOVERING again, a new round).
         if new.epoch != prev.epoch:
             assert new.epoch == prev.epoch + 1
-            assert new.phase in (Phase.COLLECTING, Phase.STOPPING, Phase.DECIDING)
+            assert new.phase in (Phase.COLLECTING, Phase.STOPPING, Phase.DECIDING) or after_dump
             assert (new.recovery_id == prev.recovery_id + 1) == (new.phase is Phase.COLLECTING)
         # A report is news exactly when it comes from someone required who has not answered this
         # phase yet (in RECOVERING that includes a commanded agent that is no participant, even a
@@ -293,7 +328,7 @@ class Checker:
                 after = dataclasses.replace(prev, participants=event.participants)
             elif isinstance(event, REPORTS) and event.participant in required(prev):
                 answered = prev.reported | {event.participant}
-            completed = new.phase is NEXT[prev.phase] and new.epoch == prev.epoch
+            completed = (new.phase is NEXT[prev.phase] and new.epoch == prev.epoch) or after_dump
             if completed:
                 assert after.participants and required(after) <= answered
                 assert commanded_agents(prev) <= answered
@@ -310,8 +345,8 @@ class Checker:
         if new.phase is Phase.RECOVERING:
             assert new.strategy
         # Outcomes: one per strategy attempt, recorded when it leaves RECOVERING (success to DONE,
-        # failure to DECIDING, to FAILED after `exit`, or interrupted by a merged fault to STOPPING),
-        # never a placeholder like "none".
+        # failure to DECIDING, to FAILED after `exit`, or interrupted by a merged fault to STOPPING;
+        # a saved `dump` succeeds into its `exit`), never a placeholder like "none".
         outcomes = [e for e in effects if isinstance(e, RecordOutcome)]
         left_recovering = prev.phase is Phase.RECOVERING and new.phase in (
             Phase.DONE,
@@ -319,21 +354,31 @@ class Checker:
             Phase.FAILED,
             Phase.STOPPING,
         )
-        assert len(outcomes) == (1 if left_recovering else 0)
+        assert len(outcomes) == (1 if left_recovering or after_dump else 0)
         for outcome in outcomes:
             assert outcome.strategy == prev.strategy and outcome.strategy in STRATEGIES
             assert outcome.ranks == prev.fault_ranks
-            assert outcome.ok == (new.phase is Phase.DONE)
+            assert outcome.ok == (new.phase is Phase.DONE or after_dump)
             if new.phase is Phase.FAILED:
                 assert outcome.strategy == "exit"
         # Success needs someone to confirm it: losing every participant never completes a phase.
         if new.phase is not prev.phase and prev.phase in (Phase.STOPPING, Phase.GLOBAL_FAULT, Phase.RECOVERING):
             if new.phase in (Phase.GLOBAL_FAULT, Phase.DECIDING, Phase.DONE) and new.epoch == prev.epoch:
                 assert new.participants
+        if after_dump:
+            assert new.participants
         if new.phase is Phase.DONE and prev.phase is Phase.RECOVERING:
             assert new.participants and new.outcome == "succeeded"
             assert new.command_nodes == frozenset()
             assert bool(prev.command_nodes) == (prev.strategy not in ("retry", "dump"))
+            assert prev.strategy != "dump", "a saved dump is followed by its exit, never DONE by itself"
+        # Every node any decision of the recovery named is remembered for the exit after a dump.
+        if isinstance(event, DecisionMade) and new.phase is Phase.RECOVERING and prev.phase is Phase.DECIDING:
+            assert set(new.job_nodes) == set(prev.job_nodes) | set(event.nodes)
+        # The exit after a dump restarts every node of the job (and every fault node), all ranks.
+        if after_dump:
+            assert [c.node for c in commands] == sorted(set(prev.job_nodes) | {f.node for f in new.faults})
+            assert all(c.action == "RESTART_ALL" and c.ranks == () and c.strategy == "exit" for c in commands)
         # `exit` restarts every node the decision (or the deciding deadline) named, plus every fault node.
         if commands and isinstance(event, (DecisionMade, DeadlinePassed)):
             job_nodes = set(event.nodes) | {f.node for f in new.faults}
@@ -396,4 +441,6 @@ def test_seeded_walks_exercise_every_table_entry() -> None:
         "every participant answered, a commanded agent has not",
         "a commanded agent was lost",
         "recovering deadline waiting for a commanded agent",
+        "dump saved, exit follows",
+        "exit after dump failed",
     }

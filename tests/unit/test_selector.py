@@ -316,7 +316,17 @@ def test_exit_budget_spent_still_gives_up() -> None:
     assert "give up: 1 exit(s) within 60s reached the job budget of 1" in decision.reasons
 
 
-def test_this_version_runs_only_recover_in_place_and_exit() -> None:
+def test_this_version_runs_retry_recover_in_place_dump_and_exit() -> None:
     decision = choose(ladder(failed=("recover-in-place",)))
-    assert decision.strategy == "exit"
-    assert "dump: no, not implemented in this version of recoverd" in decision.reasons
+    assert decision.strategy == "dump"
+    assert decision.candidates == ("dump", "exit")
+    assert "dump: yes, the cheapest strategy left (about 60s)" in decision.reasons
+    unimplemented = choose(ladder(fault_types=("0",), failed=("retry", "recover-in-place")))
+    assert unimplemented.strategy == "dump"
+    assert not any("dump: no" in reason for reason in unimplemented.reasons), unimplemented.reasons
+    # recover and elastic-training are still refused in this version.
+    only_recover = choose(ladder(policy=PolicyView(("recover", "exit"))))
+    assert only_recover.strategy == "exit"
+    assert "recover: no, not implemented in this version of recoverd" in only_recover.reasons
+    after_dump = choose(ladder(failed=("recover-in-place", "dump")))
+    assert after_dump.strategy == "exit"

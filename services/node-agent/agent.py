@@ -91,6 +91,9 @@ class AgentSettings:
     nnodes: int = 1
     node_rank: int = 0
     strategies: tuple[str, ...] = ("exit",)
+    #: Whether the strategies were asked for (``--strategies`` / ``--policy``): only then must they
+    #: match a live job's (whose policy ``recoverctl policy set`` may have changed since).
+    strategies_given: bool = True
     max_rank_restarts: int = 3
     max_job_restarts: int = 3
     restart_window_s: float = 600.0
@@ -277,7 +280,7 @@ class NodeAgent:
         ):
             if mine != theirs:
                 wrong.append(f"{name} {mine} != {theirs}")
-        if tuple(spec.policy.strategies) != s.strategies:
+        if s.strategies_given and tuple(spec.policy.strategies) != s.strategies:
             wrong.append(f"strategies {','.join(s.strategies)} != {','.join(spec.policy.strategies)}")
         return "; ".join(wrong)
 

@@ -127,3 +127,15 @@ def test_a_policy_deadline_makes_the_coordinator_apply_exit(cluster: Cluster, tm
     deciding = next(at for phase, at in log if phase == pb.PHASE_DECIDING)
     recovering = next(at for phase, at in log if phase == pb.PHASE_RECOVERING and at >= deciding)
     assert 0.45 <= recovering - deciding < 5.0, log
+
+
+def test_an_agent_naming_no_strategies_joins_whatever_the_stored_policy_is(cluster: Cluster) -> None:
+    cluster.coordinator()
+    cluster.agent("job-join", "node-a", nproc=1, nnodes=2, node_rank=0, strategies="recover-in-place,exit")
+    cluster.wait_for("node-a registered", lambda: "node-a" in cluster.view("job-join").nodes)
+    cluster.agent("job-join", "node-b", nproc=1, nnodes=2, node_rank=1)  # no --strategies: takes the job's
+    cluster.wait_for("node-b registered", lambda: "node-b" in cluster.view("job-join").nodes)
+    cluster.agent("job-join", "node-c", nproc=1, nnodes=2, node_rank=1, strategies="exit")
+    assert cluster.wait_exit("agent-node-c") == 2  # a different list, named explicitly: refused
+    log = cluster.procs["agent-node-c"].log_path.read_text()  # type: ignore[attr-defined]
+    assert "strategies exit != recover-in-place,exit" in log

@@ -57,7 +57,7 @@ async def write_event(
 
 async def prune(store: Store, keys: Keyspace, run: RunRef, cap: int) -> int:
     """Delete the oldest events of ``run`` beyond ``cap``; returns how many were deleted."""
-    snap = await store.get_prefix(keys.events_prefix(run))
+    snap = await store.get_prefix(keys.events_prefix(run), keys_only=True)  # values are not needed
     excess = len(snap.kvs) - cap
     if excess <= 0:
         return 0

@@ -125,9 +125,6 @@ class Keyspace:
     def jobs_prefix(self) -> str:
         return f"{self.prefix}/jobs/"
 
-    def events_root(self) -> str:
-        return f"{self.prefix}/events/"
-
     # ---------------------------------------------------------------- job
     def job_prefix(self, job: str) -> str:
         return f"{self.prefix}/jobs/{check_id('job', job)}/"

@@ -305,9 +305,11 @@ class Store:
             return None
         return KV(key, result.value, result.mod_revision, result.create_revision, result.lease)
 
-    async def get_prefix(self, prefix: str) -> Snapshot:
-        """Every key under ``prefix`` at one revision (sorted by key)."""
-        result = await self._call("get_prefix", prefix.encode(), sort_order="ascend", sort_target="key")
+    async def get_prefix(self, prefix: str, *, keys_only: bool = False) -> Snapshot:
+        """Every key under ``prefix`` at one revision (sorted by key); ``keys_only`` leaves values empty."""
+        result = await self._call(
+            "get_prefix", prefix.encode(), sort_order="ascend", sort_target="key", keys_only=keys_only
+        )
         kvs = [KV(kv.key.decode(), kv.value, kv.mod_revision, kv.create_revision, kv.lease) for kv in result]
         return Snapshot(result.header.revision, kvs)
 

@@ -55,9 +55,6 @@ class ShutdownRequested(Exception):
     """SIGTERM/SIGINT reached a service: the task group unwinds and the service exits 0."""
 
 
-_positive = positive
-
-
 def _strategies(text: str) -> tuple[str, ...]:
     items = tuple(s.strip() for s in text.split(",") if s.strip())
     unknown = [s for s in items if s not in ALL_STRATEGIES]
@@ -93,24 +90,24 @@ def _add_timeouts(parser: argparse.ArgumentParser) -> None:
     default = Timeouts()
     group.add_argument(
         "--fault-window",
-        type=_positive(float),
+        type=positive(float),
         default=default.fault_window_s,
         help="collect faults this long before stopping (%(default)s)",
     )
-    group.add_argument("--stop-timeout", type=_positive(float), default=default.stop_s, help="%(default)s")
-    group.add_argument("--strategies-timeout", type=_positive(float), default=default.strategies_s, help="%(default)s")
+    group.add_argument("--stop-timeout", type=positive(float), default=default.stop_s, help="%(default)s")
+    group.add_argument("--strategies-timeout", type=positive(float), default=default.strategies_s, help="%(default)s")
     group.add_argument(
         "--decide-timeout",
-        type=_positive(float),
+        type=positive(float),
         default=default.decide_s,
         help="no decision this long: apply exit (%(default)s)",
     )
-    group.add_argument("--recover-timeout", type=_positive(float), default=default.recover_s, help="%(default)s")
-    group.add_argument("--coordinator-lease-ttl", type=_positive(float), default=5.0, help="%(default)s")
-    group.add_argument("--event-cap", type=_positive(int), default=1000, help="events kept per run (%(default)s)")
+    group.add_argument("--recover-timeout", type=positive(float), default=default.recover_s, help="%(default)s")
+    group.add_argument("--coordinator-lease-ttl", type=positive(float), default=5.0, help="%(default)s")
+    group.add_argument("--event-cap", type=positive(int), default=1000, help="events kept per run (%(default)s)")
     group.add_argument(
         "--retention",
-        type=_positive(float),
+        type=positive(float),
         default=3600.0,
         help="finished runs are removed after this long (%(default)s)",
     )
@@ -123,7 +120,7 @@ def _add_job(parser: argparse.ArgumentParser, *, job_required: bool) -> None:
         required=job_required and not os.environ.get("RECOVERD_JOB"),
         help="job name (default: $RECOVERD_JOB)",
     )
-    parser.add_argument("--nproc-per-node", type=_positive(int), required=True, help="ranks on this node")
+    parser.add_argument("--nproc-per-node", type=positive(int), required=True, help="ranks on this node")
     parser.add_argument(
         "--strategies",
         type=_strategies,
@@ -138,21 +135,21 @@ def _add_job(parser: argparse.ArgumentParser, *, job_required: bool) -> None:
     )
     parser.add_argument(
         "--max-rank-restarts",
-        type=_positive(int),
+        type=positive(int),
         default=3,
         help="in-place restarts of one rank per window before exit (%(default)s)",
     )
     parser.add_argument(
-        "--max-job-restarts", type=_positive(int), default=3, help="exits per window before the job fails (%(default)s)"
+        "--max-job-restarts", type=positive(int), default=3, help="exits per window before the job fails (%(default)s)"
     )
-    parser.add_argument("--restart-window", type=_positive(float), default=600.0, help="%(default)s s")
+    parser.add_argument("--restart-window", type=positive(float), default=600.0, help="%(default)s s")
     parser.add_argument("--log-dir", default=None, help="one log file per rank (default: recoverd-logs/<job>)")
     parser.add_argument("--master-addr", default=None)
-    parser.add_argument("--master-port", type=_positive(int), default=None)
-    parser.add_argument("--agent-lease-ttl", type=_positive(float), default=5.0, help="%(default)s s")
+    parser.add_argument("--master-port", type=positive(int), default=None)
+    parser.add_argument("--agent-lease-ttl", type=positive(float), default=5.0, help="%(default)s s")
     parser.add_argument(
         "--stop-grace",
-        type=_positive(float),
+        type=positive(float),
         default=5.0,
         help="SIGTERM to SIGKILL grace when stopping ranks (%(default)s s)",
     )
@@ -201,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("RECOVERD_NODE") or socket.gethostname().split(".")[0],
         help="node name (default: $RECOVERD_NODE or the host name)",
     )
-    agent.add_argument("--nnodes", type=_positive(int), default=1)
+    agent.add_argument("--nnodes", type=positive(int), default=1)
     agent.add_argument("--node-rank", type=int, default=0)
 
     gateway = sub.add_parser("gateway", help="the Recover gRPC gateway for unmodified MindCluster clients")

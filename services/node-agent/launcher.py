@@ -204,9 +204,6 @@ class Launcher:
         """Nothing to watch: exits arrive through the pidfds registered with the loop."""
         return
 
-    async def stop_all(self, grace_s: float) -> None:
-        await asyncio.gather(*(self.stop(p, grace_s) for p in list(self._procs)))
-
     def kill_strays(self) -> list[int]:
         """SIGKILL and reap every untracked child: descendants of our ranks that escaped their group.
 

@@ -17,7 +17,7 @@ from recoverd.keys import KeyKind, Keyspace, RunRef
 from recoverd.records import decode, pb
 from recoverd.store import Store
 
-__all__ = ["JobView", "read_job"]
+__all__ = ["JobView", "idle_spares", "node_of_rank", "read_job"]
 
 
 @dataclass(slots=True)
@@ -117,3 +117,28 @@ async def read_job(store: Store, keys: Keyspace, job: str) -> JobView:
         elif ref.kind is KeyKind.ACK:
             view.acks[ref.name] = msg
     return view
+
+
+def idle_spares(view: JobView) -> tuple[str, ...]:
+    """Live spare nodes that hold no ranks, sorted by name; only those the policy's ``spares``
+    names when it names any. A spare given ranks re-registers as a normal node, so it drops out."""
+    wanted = set(view.spec.policy.spares) if view.spec is not None else set()
+    return tuple(
+        sorted(
+            name
+            for name, record in view.nodes.items()
+            if record.is_spare
+            and (not wanted or name in wanted)
+            and not any(r.state in (pb.RANK_RUNNING, pb.RANK_PENDING) for r in _ranks_of(view, name))
+        )
+    )
+
+
+def node_of_rank(view: JobView) -> dict[int, str]:
+    """Where each rank runs (or last ran), from the agents' rank tables."""
+    return {r.rank: node for node, table in view.ranks.items() for r in table.ranks}
+
+
+def _ranks_of(view: JobView, node: str) -> list[pb.RankStatus]:
+    table = view.ranks.get(node)
+    return list(table.ranks) if table is not None else []

@@ -7,6 +7,7 @@ Subcommands::
     recoverd coordinator --etcd URL          # leader-elected; start several for standbys
     recoverd strategy --etcd URL
     recoverd agent --etcd URL --job J --node N --nproc-per-node K [--node-rank R --nnodes M] -- CMD ARGS...
+    recoverd agent ... --spare -- CMD ARGS...  # a spare node: runs nothing until `recover` moves ranks to it
     recoverd gateway --etcd URL [--listen 0.0.0.0:8899]   # MindCluster's Recover gRPC service (docs/gateway.md)
 
 Every ``--etcd`` defaults to ``$RECOVERD_ETCD`` (comma-separated endpoints) and every ``--prefix`` to
@@ -200,6 +201,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     agent.add_argument("--nnodes", type=positive(int), default=1)
     agent.add_argument("--node-rank", type=int, default=0)
+    agent.add_argument(
+        "--spare",
+        action="store_true",
+        help="join a running job as a spare node: run no ranks until `recover` moves a faulty node's ranks"
+        " here, or an upgrade brings back ranks a downgrade isolated (docs/strategies.md)",
+    )
 
     gateway = sub.add_parser("gateway", help="the Recover gRPC gateway for unmodified MindCluster clients")
     _add_common(gateway, etcd_required=True)
@@ -266,6 +273,7 @@ def _agent_settings(args: argparse.Namespace, etcd: str, job: str, nnodes: int, 
         stop_grace_s=args.stop_grace,
         reset_json=args.reset_json,
         reset_json_mirror=args.reset_json_mirror,
+        spare=bool(getattr(args, "spare", False)),
     )
 
 

@@ -67,6 +67,7 @@ def recovery_from_pb(msg: pb.Recovery) -> Recovery:
         command_seq=msg.command_seq,
         command_nodes=frozenset(msg.command_nodes),
         job_nodes=tuple(msg.job_nodes),
+        isolated=tuple((p.rank, p.node) for p in msg.isolated),
         outcome=msg.outcome,
         phase_log=tuple((_phase_from_pb(e.phase), ts_to_s(e.at), e.epoch) for e in msg.phase_log),
     )
@@ -89,6 +90,7 @@ def recovery_to_pb(rec: Recovery, uuid: str = "") -> pb.Recovery:
         command_seq=rec.command_seq,
         command_nodes=sorted(rec.command_nodes),
         job_nodes=list(rec.job_nodes),
+        isolated=[pb.RankPlace(rank=r, node=n) for r, n in rec.isolated],
         outcome=rec.outcome,
         recovery_id=rec.recovery_id,
         phase_log=[pb.PhaseEntry(phase=_phase_to_pb(p), at=ts_from_s(t), epoch=e) for p, t, e in rec.phase_log],  # type: ignore[arg-type]

@@ -31,6 +31,7 @@ from recoverd.aiotools import leaf_errors, supervised_group
 from recoverd.controller import JobController
 from recoverd.coordinator.codec import fault_from_pb, recovery_from_pb, recovery_to_pb
 from recoverd.coordinator.recovery import (
+    CapacityReturned,
     DeadlinePassed,
     DecisionMade,
     Effect,
@@ -39,6 +40,8 @@ from recoverd.coordinator.recovery import (
     FaultInfo,
     FaultReported,
     FinishJob,
+    ForgetNode,
+    Layout,
     ParticipantsChanged,
     Phase,
     PublishSignal,
@@ -52,7 +55,7 @@ from recoverd.coordinator.recovery import (
     step,
 )
 from recoverd.errors import FenceLost, Reason, RecoverdError, UnknownRank
-from recoverd.jobview import JobView, read_job
+from recoverd.jobview import JobView, idle_spares, read_job
 from recoverd.keys import Keyspace, RunRef
 from recoverd.records import encode, pb, ts_from_s, ts_to_s
 from recoverd.store import (
@@ -67,7 +70,14 @@ from recoverd.store import (
     ValueIs,
 )
 
-__all__ = ["Coordinator", "CoordinatorSettings", "job_timeouts", "live_participants", "lost_node_faults"]
+__all__ = [
+    "Coordinator",
+    "CoordinatorSettings",
+    "job_layout",
+    "job_timeouts",
+    "live_participants",
+    "lost_node_faults",
+]
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +134,17 @@ def lost_node_faults(view: JobView, now: float) -> list[FaultInfo]:
                     )
                 )
     return faults
+
+
+def job_layout(view: JobView) -> Layout:
+    """Where the ranks run, which agents are alive and which spares are idle, as the view shows."""
+    return Layout(
+        placement=tuple(
+            (node, tuple(sorted(r.rank for r in table.ranks))) for node, table in sorted(view.ranks.items())
+        ),
+        live=frozenset(view.nodes),
+        spares=idle_spares(view),
+    )
 
 
 def live_participants(view: JobView) -> frozenset[str]:
@@ -342,16 +363,26 @@ class Coordinator:
 
         # 4. The selector's decision.
         nodes = tuple(sorted(set(view.ranks) | set(view.nodes)))
+        layout = job_layout(view)
         if rec.phase is Phase.DECIDING and rec.epoch in view.decisions:
             decision = view.decisions[rec.epoch]
-            apply(DecisionMade(rec.epoch, decision.strategy, tuple(decision.reasons), decision.give_up, nodes))
+            moves = tuple((m.from_node, m.to_node) for m in decision.moves)
+            apply(
+                DecisionMade(
+                    rec.epoch, decision.strategy, tuple(decision.reasons), decision.give_up, nodes, moves, layout
+                )
+            )
 
         # 5. Time.
         if rec.deadline_at is not None and now >= rec.deadline_at:
-            apply(DeadlinePassed(rec.epoch, nodes))
+            apply(DeadlinePassed(rec.epoch, nodes, layout))
+
+        # 5b. Capacity is back while ranks are isolated by a downgrade: scale out again.
+        if rec.phase is Phase.DONE and rec.isolated and layout.spares:
+            apply(CapacityReturned(layout))
 
         # 6. The end of the job: every rank of every node exited 0 and nothing is being recovered.
-        if rec.phase is Phase.DONE and not view.faults and self._all_succeeded(view):
+        if rec.phase is Phase.DONE and not view.faults and self._all_succeeded(view, rec):
             effects.append(FinishJob(succeeded=True, reason="every rank exited 0"))
             effects.append(EmitEvent("job_succeeded", f"all {world} ranks exited 0"))
 
@@ -371,10 +402,12 @@ class Coordinator:
         if rec.phase in (Phase.DONE, Phase.FAILED) and before.phase is not rec.phase:
             await events.prune(self.store, self.keys, run, self.settings.event_cap)
 
-    def _all_succeeded(self, view: JobView) -> bool:
+    def _all_succeeded(self, view: JobView, rec: Recovery) -> bool:
+        """Every rank still in the job exited 0 (ranks isolated by a downgrade are out of it)."""
         assert view.spec is not None
         states = {r.rank: r.state for nr in view.ranks.values() for r in nr.ranks}
-        return len(states) == view.spec.world_size and all(s == pb.RANK_SUCCEEDED for s in states.values())
+        wanted = set(range(view.spec.world_size)) - {rank for rank, _ in rec.isolated}
+        return bool(wanted) and all(states.get(rank) == pb.RANK_SUCCEEDED for rank in wanted)
 
     def _apply_effects(
         self,
@@ -438,6 +471,14 @@ class Coordinator:
                     )
                 )
                 history_changed = True
+            elif isinstance(effect, ForgetNode):
+                for key in (
+                    self.keys.ranks(run, effect.node),
+                    self.keys.command(run, effect.node),
+                    self.keys.ack(run, effect.node),
+                ):
+                    ops.append(Delete(key))
+                note("node_forgotten", f"lost node {effect.node}: its rank table is removed", node=effect.node)
             elif isinstance(effect, FinishJob):
                 status = pb.JobStatus(
                     uid=run.uid,

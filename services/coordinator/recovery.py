@@ -20,6 +20,13 @@ RESTART_ALL. A failed strategy (non-zero recover status or a passed deadline) go
 DECIDING with that strategy recorded as failed, so the selector falls back level by level; when
 `exit` itself fails, or the selector gives up, the job FAILS (killMaster semantics).
 
+`recover` and `elastic-training` act on whole nodes (upstream's node-wide expansion): every rank of
+a faulty node becomes a fault rank. `recover` moves them to a spare node (START_RANKS there,
+RELEASE_RANKS on the faulty node if its agent is still alive); a downgrade releases them and
+records them as ``isolated``, and the job goes on with fewer data-parallel replicas. When a spare
+registers while ranks are isolated, an upgrade round (DONE -> RECOVERING, ``CapacityReturned``)
+starts them on it; an `exit` takes isolated ranks back on their own node when its agent is alive.
+
 ``TRANSITIONS`` is the whole table: (phase, event type) -> the phase entered when the event's guard
 holds. Pairs not in the table raise :class:`IllegalTransition` (the shell records it and carries on;
 unlike upstream, the episode is never reset). Rules kept in code rather than in the table, each a
@@ -42,6 +49,7 @@ __all__ = [
     "CHEAPER_THAN_EXIT",
     "DUMP_EXIT",
     "TRANSITIONS",
+    "CapacityReturned",
     "DeadlinePassed",
     "DecisionMade",
     "Effect",
@@ -50,6 +58,8 @@ __all__ = [
     "FaultInfo",
     "FaultReported",
     "FinishJob",
+    "ForgetNode",
+    "Layout",
     "ParticipantsChanged",
     "Phase",
     "PublishSignal",
@@ -104,8 +114,15 @@ CHEAPER_THAN_EXIT = ("retry", "recover-in-place", "recover", "elastic-training",
 #: by the job itself (its client) and send no command, `exit` restarts every rank.
 RESTARTS_FAULTY_RANKS = frozenset({"recover-in-place", "recover", "elastic-training"})
 
+#: Strategies that act on every rank of a faulty node (upstream's node-wide expansion).
+NODE_WIDE = frozenset({"recover", "elastic-training"})
+
 #: upstream's extraParams of the `exit` that follows a saved `dump` (dump_exit).
 DUMP_EXIT = "dump_exit"
+
+#: The name an upgrade (isolated ranks brought back on a spare) is recorded under.
+UPGRADE = "upgrade"
+UPGRADE_EXTRA = '{"scale-out-strategy": "DP"}'
 
 #: Upstream's stop-complete code "processes not ready": job-level escalation.
 PROCESS_NOT_READY = 404
@@ -188,6 +205,8 @@ class Recovery:
     command_nodes: frozenset[str] = frozenset()
     #: Every node of the job named by this recovery's decisions: `dump`'s trailing `exit` restarts them all.
     job_nodes: tuple[str, ...] = ()
+    #: (rank, node it ran on) of ranks out of the job after a downgrade; kept across recoveries.
+    isolated: tuple[tuple[int, str], ...] = ()
     outcome: str = ""
     phase_log: tuple[tuple[Phase, float, int], ...] = field(default=())
 
@@ -201,6 +220,22 @@ class Recovery:
 
 
 # ---------------------------------------------------------------------- events (past-tense facts)
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where the job's ranks are, as the shell read it: what `recover`, `elastic-training`, `exit`
+    and upgrades need to address whole nodes."""
+
+    #: node -> the ranks its agent runs now (from the rank tables).
+    placement: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    #: Nodes whose agent is alive (registered under a live lease).
+    live: frozenset[str] = frozenset()
+    #: Live spare nodes holding no ranks, in the order to use them.
+    spares: tuple[str, ...] = ()
+
+    def ranks_on(self, node: str) -> tuple[int, ...]:
+        return next((ranks for name, ranks in self.placement if name == node), ())
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +253,7 @@ class DeadlinePassed:
 
     epoch: int
     nodes: tuple[str, ...] = ()
+    layout: Layout | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +279,9 @@ class DecisionMade:
     reasons: tuple[str, ...] = ()
     give_up: bool = False
     nodes: tuple[str, ...] = ()
+    #: `recover`: (faulty node, spare node) pairs chosen by the selector.
+    moves: tuple[tuple[str, str], ...] = ()
+    layout: Layout | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +300,13 @@ class ParticipantsChanged:
     participants: frozenset[str]
 
 
+@dataclass(frozen=True, slots=True)
+class CapacityReturned:
+    """Idle spare nodes are registered while ranks are isolated by a downgrade: scale back out."""
+
+    layout: Layout
+
+
 Event = (
     FaultReported
     | DeadlinePassed
@@ -269,6 +315,7 @@ Event = (
     | DecisionMade
     | RecoverStatusReported
     | ParticipantsChanged
+    | CapacityReturned
 )
 
 # ---------------------------------------------------------------------- effects (imperatives)
@@ -290,7 +337,7 @@ class SendCommand:
     """Tell one node agent what to do to its processes; (epoch, seq) makes it idempotent."""
 
     node: str
-    action: str  # "RESTART_RANKS" | "RESTART_ALL"
+    action: str  # "RESTART_RANKS" | "RESTART_ALL" | "START_RANKS" | "RELEASE_RANKS"
     ranks: tuple[int, ...]
     seq: int
     strategy: str
@@ -314,18 +361,27 @@ class FinishJob:
 
 
 @dataclass(frozen=True, slots=True)
+class ForgetNode:
+    """A lost node's ranks run elsewhere now (or are isolated): remove its rank table and command,
+    so its last rank states are not read as running ranks (lost-node faults) again."""
+
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
 class EmitEvent:
     reason: str
     message: str
 
 
-Effect = PublishSignal | SendCommand | RecordOutcome | FinishJob | EmitEvent
+Effect = PublishSignal | SendCommand | RecordOutcome | FinishJob | ForgetNode | EmitEvent
 
 # ---------------------------------------------------------------------- the table
 
 TRANSITIONS: dict[tuple[Phase, type], Phase] = {
     (Phase.DONE, FaultReported): Phase.COLLECTING,
     (Phase.DONE, ParticipantsChanged): Phase.DONE,
+    (Phase.DONE, CapacityReturned): Phase.RECOVERING,
     (Phase.COLLECTING, FaultReported): Phase.COLLECTING,
     (Phase.COLLECTING, DeadlinePassed): Phase.STOPPING,
     (Phase.COLLECTING, ParticipantsChanged): Phase.COLLECTING,
@@ -404,6 +460,8 @@ def step(rec: Recovery, event: Event, now: float, timeouts: Timeouts | None = No
         return _report(dataclasses.replace(rec, supported=supported), event.participant, now, timeouts)
     if isinstance(event, DecisionMade):
         return _decided(rec, event, now, timeouts)
+    if isinstance(event, CapacityReturned):
+        return _upgrade(rec, event, now, timeouts)
     if isinstance(event, RecoverStatusReported):
         if not _is_news(rec, event.participant):
             return rec, []
@@ -452,6 +510,7 @@ def _open(rec: Recovery, event: FaultReported, now: float, timeouts: Timeouts) -
         faults=(event.fault,),
         participants=event.participants or rec.participants,
         command_seq=rec.command_seq,
+        isolated=rec.isolated,
     )
     new = _enter(new, Phase.COLLECTING, now, timeouts)
     f = event.fault
@@ -589,6 +648,7 @@ def _deadline_passed(
             "exit",
             (f"no decision within {timeouts.decide_s}s: the coordinator applies exit, which is always safe",),
             nodes=event.nodes,
+            layout=event.layout,
         )
         return _decided(rec, decision, now, timeouts)
     missing = sorted(_required(rec) - rec.reported)
@@ -650,21 +710,17 @@ def _decided(
         return _fail_job(
             dataclasses.replace(rec, decision_reasons=event.reasons), now, timeouts, reasons or "no strategy left"
         )
+    layout = event.layout or Layout()
+    if event.strategy in NODE_WIDE:
+        rec = _expand_to_nodes(rec, layout, now)
+    plan = _command_plan(rec, event, layout)
+    # A forgotten (lost) node is no longer the job's: a later exit must not wait for its agent.
+    job_nodes = tuple(sorted((set(rec.job_nodes) | set(event.nodes)) - set(plan.forget)))
     seq = rec.command_seq
     commands: list[Effect] = []
-    job_nodes = tuple(sorted(set(rec.job_nodes) | set(event.nodes)))
-    if event.strategy == "exit":
-        nodes = sorted(set(event.nodes) | {f.node for f in rec.faults})
-        for node in nodes:
-            seq += 1
-            commands.append(SendCommand(node, "RESTART_ALL", (), seq, event.strategy))
-    elif event.strategy in RESTARTS_FAULTY_RANKS:
-        by_node: dict[str, set[int]] = {}
-        for fault in rec.faults:
-            by_node.setdefault(fault.node, set()).add(fault.rank)
-        for node in sorted(by_node):
-            seq += 1
-            commands.append(SendCommand(node, "RESTART_RANKS", tuple(sorted(by_node[node])), seq, event.strategy))
+    for node, action, ranks in plan.commands:
+        seq += 1
+        commands.append(SendCommand(node, action, ranks, seq, event.strategy))
     change, extra, actions = wire_strategy(event.strategy)
     if extra_params is not None:
         extra = extra_params
@@ -677,10 +733,141 @@ def _decided(
         decision_reasons=event.reasons,
         command_seq=seq,
         job_nodes=job_nodes,
+        isolated=plan.isolated,
     )
     new = dataclasses.replace(new, command_nodes=frozenset(c.node for c in commands if isinstance(c, SendCommand)))
     return new, [
-        EmitEvent("strategy_decided", f"{event.strategy} for ranks {list(rec.fault_ranks)}: {reasons}"),
+        EmitEvent("strategy_decided", f"{event.strategy} for ranks {list(new.fault_ranks)}: {reasons}"),
         PublishSignal("changeStrategy", ("change_strategy", *actions), _fault_wire(new), change, extra),
+        *commands,
+        *(ForgetNode(node) for node in plan.forget),
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What a decided strategy asks of the agents: (node, action, ranks) commands, lost nodes whose
+    rank tables are forgotten, and the ranks isolated afterwards."""
+
+    commands: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
+    forget: tuple[str, ...] = ()
+    isolated: tuple[tuple[int, str], ...] = ()
+
+
+def _command_plan(rec: Recovery, event: DecisionMade, layout: Layout) -> _Plan:
+    by_node: dict[str, set[int]] = {}
+    for fault in rec.faults:
+        by_node.setdefault(fault.node, set()).add(fault.rank)
+    # Without a layout (older callers, tests of the table) every node counts as alive.
+    live = (
+        layout.live
+        if event.layout is not None
+        else frozenset(by_node) | frozenset(event.nodes) | frozenset(n for _, n in rec.isolated)
+    )
+    strategy = event.strategy
+    if strategy == "exit":
+        # Ranks isolated by a downgrade come back on their own node if its agent is still there.
+        back: dict[str, list[int]] = {}
+        for rank, node in rec.isolated:
+            if node in live:
+                back.setdefault(node, []).append(rank)
+        nodes = sorted(set(event.nodes) | set(by_node) | set(back))
+        return _Plan(
+            commands=tuple((n, "RESTART_ALL", tuple(sorted(back.get(n, ())))) for n in nodes),
+            isolated=tuple((r, n) for r, n in rec.isolated if n not in live),
+        )
+    if strategy == "recover-in-place":
+        return _Plan(
+            commands=tuple((n, "RESTART_RANKS", tuple(sorted(by_node[n]))) for n in sorted(by_node)),
+            isolated=rec.isolated,
+        )
+    if strategy == "recover":
+        targets = dict(event.moves)
+        commands: list[tuple[str, str, tuple[int, ...]]] = []
+        forget = []
+        for node in sorted(by_node):
+            ranks = tuple(sorted(by_node[node]))
+            spare = targets.get(node)
+            if spare:
+                commands.append((spare, "START_RANKS", ranks))
+            if node in live:
+                commands.append((node, "RELEASE_RANKS", ranks))
+            else:
+                forget.append(node)
+        return _Plan(tuple(commands), tuple(forget), rec.isolated)
+    if strategy == "elastic-training":
+        commands = [(n, "RELEASE_RANKS", tuple(sorted(by_node[n]))) for n in sorted(by_node) if n in live]
+        dropped = tuple((r, n) for n in sorted(by_node) for r in sorted(by_node[n]))
+        forget = [n for n in sorted(by_node) if n not in live]
+        return _Plan(tuple(commands), tuple(forget), (*rec.isolated, *dropped))
+    # retry and dump are carried out by the job itself: no command.
+    return _Plan(isolated=rec.isolated)
+
+
+def _expand_to_nodes(rec: Recovery, layout: Layout, now: float) -> Recovery:
+    """Upstream's node-wide expansion: every rank of a faulty node becomes a fault rank."""
+    have = {f.rank for f in rec.faults}
+    added = tuple(
+        FaultInfo(
+            fault_id=f"node-wide.{node}.r{rank}.e{rec.epoch}",
+            rank=rank,
+            node=node,
+            detected_at=now,
+            detail=f"on faulty node {node} (node-wide expansion)",
+        )
+        for node in sorted({f.node for f in rec.faults if f.node})
+        for rank in layout.ranks_on(node)
+        if rank not in have
+    )
+    return dataclasses.replace(rec, faults=rec.faults + added) if added else rec
+
+
+def _upgrade(rec: Recovery, event: CapacityReturned, now: float, timeouts: Timeouts) -> tuple[Recovery, list[Effect]]:
+    """Spares registered while ranks are isolated: start each isolated node's ranks on one spare
+    (upstream's upgrade after a DP scale-in). A new recovery round, so its answers are its own."""
+    groups: dict[str, list[int]] = {}
+    for rank, node in rec.isolated:
+        groups.setdefault(node, []).append(rank)
+    moves = list(zip(sorted(groups), event.layout.spares, strict=False))
+    if not moves:
+        return rec, []
+    epoch = rec.epoch + 1
+    back = tuple(
+        FaultInfo(
+            fault_id=f"upgrade.{node}.r{rank}.e{epoch}",
+            rank=rank,
+            node=spare,
+            detected_at=now,
+            detail=f"isolated rank back on spare {spare} (upgrade)",
+        )
+        for node, spare in moves
+        for rank in sorted(groups[node])
+    )
+    moved = {f.rank for f in back}
+    seq = rec.command_seq
+    commands: list[Effect] = []
+    for node, spare in moves:
+        seq += 1
+        commands.append(SendCommand(spare, "START_RANKS", tuple(sorted(groups[node])), seq, UPGRADE))
+    new = Recovery(
+        epoch=epoch,
+        recovery_id=rec.recovery_id + 1,
+        opened_at=now,
+        faults=back,
+        participants=rec.participants,
+        command_seq=seq,
+        isolated=tuple((r, n) for r, n in rec.isolated if r not in moved),
+        strategy=UPGRADE,
+        decision_reasons=(f"idle spare(s) {[s for _, s in moves]} registered while ranks were isolated",),
+    )
+    new = _enter(new, Phase.RECOVERING, now, timeouts)
+    new = dataclasses.replace(new, command_nodes=frozenset(spare for _, spare in moves))
+    return new, [
+        EmitEvent(
+            "upgrade",
+            f"recovery {new.recovery_id} (epoch {epoch}): ranks {sorted(moved)} back on "
+            + ", ".join(f"{spare} (from {node})" for node, spare in moves),
+        ),
+        PublishSignal("changeStrategy", ("change_strategy",), _fault_wire(new), UPGRADE, UPGRADE_EXTRA),
         *commands,
     ]

@@ -13,8 +13,12 @@ Policy lives here; mechanism in ``launcher.py``. The agent
 5. **executes commands** (restart some ranks, restart all) addressed to its node, idempotently by
    (epoch, seq), and acknowledges them;
 6. **answers the protocol** for ranks that run no client: stop-complete, its supported strategies
-   (`recover-in-place`, `exit`) and the recover status;
+   (`recover-in-place`, `recover`, `exit`) and the recover status;
 7. **ends with the job**: exit 0 when the coordinator records success, 1 when it records failure.
+
+A **spare** agent (``--spare``) joins a running job with no ranks; a `recover` gives it a faulty
+node's ranks (START_RANKS) while that node's agent, if alive, gives them up (RELEASE_RANKS). Ranks
+keep their global rank; GROUP_RANK and LOCAL_RANK follow from it (rank // and % nproc-per-node).
 
 Losing etcd never hurts training: ranks keep running in their own sessions, writes are kept and
 retried, watches resume, and a lost lease is re-acquired; the agent never kills ranks because it
@@ -61,7 +65,7 @@ __all__ = ["AgentSettings", "NodeAgent", "become_subreaper"]
 log = logging.getLogger(__name__)
 
 #: What an agent can do for ranks that run no client.
-AGENT_STRATEGIES = ("recover-in-place", "exit")
+AGENT_STRATEGIES = ("recover-in-place", "recover", "exit")
 
 EXIT_SUCCEEDED = 0
 EXIT_FAILED = 1
@@ -117,6 +121,8 @@ class AgentSettings:
     exit_signals: Mapping[int, int] = field(
         default_factory=lambda: {signal.SIGTERM: EXIT_SIGTERM, signal.SIGINT: EXIT_SIGINT}
     )
+    #: Join a running job as a spare node: no ranks until a `recover` or an upgrade moves some here.
+    spare: bool = False
 
     @property
     def world_size(self) -> int:
@@ -124,6 +130,8 @@ class AgentSettings:
 
     @property
     def local_ranks(self) -> range:
+        if self.spare:
+            return range(0)
         start = self.node_rank * self.nproc_per_node
         return range(start, start + self.nproc_per_node)
 
@@ -161,7 +169,7 @@ class NodeAgent:
         protected_pids: Callable[[], set[int]] = set,
         runtime: RuntimeFactory = Launcher,
     ) -> None:
-        if settings.node_rank < 0 or settings.node_rank >= settings.nnodes:
+        if not settings.spare and not 0 <= settings.node_rank < settings.nnodes:
             raise JobSpecMismatch(f"--node-rank {settings.node_rank} is outside 0..{settings.nnodes - 1}")
         self.store = store
         self.keys = keys
@@ -169,7 +177,9 @@ class NodeAgent:
         self._protected_pids = protected_pids
         self._runtime_factory = runtime
         self.participant = participants.of_node(settings.node)
-        self.slots = {rank: RankSlot(rank, local) for local, rank in enumerate(settings.local_ranks)}
+        self.slots = {rank: RankSlot(rank, rank % settings.nproc_per_node) for rank in settings.local_ranks}
+        #: A spare until a command gives it ranks (then it registers as a normal node).
+        self.is_spare = settings.spare
         self.spec: pb.JobSpec | None = None
         self.run_ref: RunRef | None = None
         self._launcher: RankRuntime | None = None
@@ -182,6 +192,7 @@ class NodeAgent:
         self._answered: set[tuple[int, int]] = set()
         self._exit_code: asyncio.Future[int] | None = None
         self._mirrored: ResetState | None = None
+        self._record_stale = False
         resetfile.check_paths(settings.reset_json, settings.reset_json_mirror)
 
     # ---------------------------------------------------------------- lifecycle
@@ -285,14 +296,20 @@ class NodeAgent:
         return "; ".join(wrong)
 
     def _node_record(self) -> pb.NodeRecord:
+        ranks = sorted(self.slots)
         return pb.NodeRecord(
             node=self.settings.node,
-            node_rank=self.settings.node_rank,
+            node_rank=(self._group_rank(ranks[0]) if ranks else -1) if self.settings.spare else self.settings.node_rank,
             host=socket.gethostname(),
             agent_pid=os.getpid(),
-            ranks=list(self.settings.local_ranks),
+            ranks=ranks,
             registered_at=ts_from_s(time.time()),
+            is_spare=self.is_spare,
         )
+
+    def _group_rank(self, rank: int) -> int:
+        """The node rank a global rank belongs to (ranks are laid out node by node)."""
+        return rank // self.settings.nproc_per_node
 
     async def _join(self, lease_id: int) -> None:
         """Create, join, or replace the job's run, registering this node in the same transaction."""
@@ -309,7 +326,11 @@ class NodeAgent:
                         raise JobSpecMismatch(f"job {job} (run {spec.uid}) is running with another spec: {why}")
                     if self.settings.node in view.nodes:
                         raise JobSpecMismatch(f"node {self.settings.node} is already registered in job {job}")
-                    taken = [n for n, rec in view.nodes.items() if rec.node_rank == self.settings.node_rank]
+                    taken = [
+                        n
+                        for n, rec in view.nodes.items()
+                        if rec.node_rank == self.settings.node_rank and not self.settings.spare and not rec.is_spare
+                    ]
                     if taken:
                         raise JobSpecMismatch(
                             f"node rank {self.settings.node_rank} of job {job} is already taken by node {taken[0]}"
@@ -327,7 +348,11 @@ class NodeAgent:
                         return
                     continue
                 # A finished or abandoned run of this name: replaced, its keys removed.
+                if self.settings.spare:
+                    raise JobSpecMismatch(f"a spare joins a running job, and job {job} has no live run")
                 ops += [DeletePrefix(self.keys.run_prefix(view.run)), DeletePrefix(self.keys.events_prefix(view.run))]
+            if self.settings.spare:
+                raise JobSpecMismatch(f"a spare joins a running job, and job {job} has no live run")
             new = self._desired_spec()
             run = RunRef(job, new.uid)
             ops += [
@@ -370,8 +395,8 @@ class NodeAgent:
                 "LOCAL_RANK": str(slot.local_rank),
                 "WORLD_SIZE": str(self.spec.world_size),
                 "LOCAL_WORLD_SIZE": str(s.nproc_per_node),
-                "GROUP_RANK": str(s.node_rank),
-                "NODE_RANK": str(s.node_rank),
+                "GROUP_RANK": str(self._group_rank(slot.rank)),
+                "NODE_RANK": str(self._group_rank(slot.rank)),
                 "MASTER_ADDR": self.spec.master_addr,
                 "MASTER_PORT": str(self.spec.master_port),
                 "RANK_ID": str(slot.rank),
@@ -545,6 +570,15 @@ class NodeAgent:
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, self.settings.retry_max_s)
 
+    async def _register_again(self) -> None:
+        """Rewrite this node's record (its ranks changed) under the current lease; a failed write
+        is retried by the next reconcile (``_record_stale`` stays set)."""
+        assert self.run_ref is not None and self._lease is not None
+        await self.store.put(
+            self.keys.node(self.run_ref, self.settings.node), encode(self._node_record()), lease=self._lease.id
+        )
+        self._record_stale = False
+
     # ---------------------------------------------------------------- reacting
     async def _watch(self) -> None:
         """Wake the reconcile on any change of the three keys this node acts on.
@@ -609,6 +643,8 @@ class NodeAgent:
         command = await self._get(self.keys.command(run, self.settings.node), pb.Command)
         if isinstance(command, pb.Command) and (command.epoch, command.seq) > self._last_applied:
             await self._execute(command)
+        elif self._record_stale:
+            await self._register_again()
         recovery = await self._get(self.keys.recovery(run), pb.Recovery)
         if self.settings.reset_json_mirror:
             await self._mirror_reset_json(recovery if isinstance(recovery, pb.Recovery) else None)
@@ -673,24 +709,37 @@ class NodeAgent:
     async def _execute(self, command: pb.Command) -> None:
         """Apply one command exactly once: (epoch, seq) above the last applied one."""
         assert self.run_ref is not None
-        if command.action == pb.ACTION_RESTART_ALL:
+        action = command.action
+        held_before = sorted(self.slots)
+        if action in (pb.ACTION_START_RANKS, pb.ACTION_RESTART_ALL):
+            # START_RANKS: ranks moved here; RESTART_ALL's ranks: ranks isolated by a downgrade, taken back.
+            for rank in command.ranks:
+                if 0 <= rank < self.settings.world_size and rank not in self.slots:
+                    self.slots[rank] = RankSlot(rank, rank % self.settings.nproc_per_node)
+        if action == pb.ACTION_RESTART_ALL:
             targets = list(self.slots.values())
         else:
             targets = [self.slots[r] for r in command.ranks if r in self.slots]
         await self._stop_ranks(targets)
-        if command.action != pb.ACTION_STOP_ALL:
+        if action == pb.ACTION_RELEASE_RANKS:
+            for slot in targets:
+                del self.slots[slot.rank]
+        elif action != pb.ACTION_STOP_ALL:
             for slot in targets:
                 slot.restart_count += 1
                 self._start(slot, command.epoch, f"restart ({command.strategy})")
+        if sorted(self.slots) != held_before:
+            self.is_spare = self.is_spare and not self.slots
+            self._record_stale = True
         self._last_applied = (command.epoch, command.seq)
-        ok = all(s.state == pb.RANK_RUNNING for s in targets) or command.action == pb.ACTION_STOP_ALL
+        ok = all(s.state == pb.RANK_RUNNING for s in targets) or action in (pb.ACTION_STOP_ALL, pb.ACTION_RELEASE_RANKS)
         ack = pb.CommandAck(
             epoch=command.epoch,
             seq=command.seq,
             ok=ok,
             detail=f"{pb.CommandAction.Name(command.action)} ranks {[s.rank for s in targets]}",
             done_at=ts_from_s(time.time()),
-            pids=[s.proc.pid for s in targets if s.proc is not None],
+            pids=[s.proc.pid for s in targets if s.proc is not None] if action != pb.ACTION_RELEASE_RANKS else [],
         )
         self._pending_events.append(
             events.event_put(
@@ -706,6 +755,8 @@ class NodeAgent:
         )
         await self.store.put(self.keys.ack(self.run_ref, self.settings.node), encode(ack))
         await self._flush()
+        if self._record_stale:
+            await self._register_again()
 
     async def _answer(self, recovery: pb.Recovery, command: pb.Command | None) -> None:
         """Answer the current phase for this node's ranks, once per (epoch, phase)."""

@@ -8,12 +8,16 @@ MindCluster's ``chooseStrategy`` (reference/mindcluster-contract.md section 6):
 * ``retry`` is the first choice only when every fault is retryable (UCE "0", HCCL "2"): one normal
   fault (type "1") rules it out and the ladder recover-in-place -> recover -> elastic-training ->
   dump -> exit follows;
-* ``retry``, ``recover`` and ``dump`` need every participant to have reported them;
+* ``retry``, ``recover``, ``elastic-training`` and ``dump`` need every participant to have reported
+  them (elastic-training: the job must say it can continue with fewer data-parallel replicas);
+* ``recover`` needs an idle spare node for each faulty node (``Request.spares``); the decision
+  names the moves (faulty node -> spare), every rank of a faulty node moving with it;
   a strategy must be in the policy's allowed list, and ``exit`` is always available;
 * the fallback chains: a strategy that already failed in this recovery is skipped; after a failed
   ``retry`` the ladder continues with recover-in-place; after a failed recover-in-place, recover or
-  elastic-training only dump -> exit remain; after a failed dump only exit; after a failed exit
+  elastic-training (or an upgrade) only dump -> exit remain; after a failed dump only exit; after a failed exit
   the job gives up (killMaster);
+* a lost node (its agent's lease expired) rules out recover-in-place: nobody is there to restart;
 * ``allow_rank0_in_place: false`` rules out recover-in-place when rank 0's node has a fault;
   elastic-training (downgrade) is never used then, as upstream;
 * budgets: at most ``max`` uses of a strategy per ``window_s`` (the policy's ``budgets``;
@@ -33,9 +37,9 @@ from dataclasses import dataclass, field
 __all__ = ["ALL_STRATEGIES", "EXPECTED_COST_S", "Decision", "Outcome", "PolicyView", "Request", "choose"]
 
 ALL_STRATEGIES = ("retry", "recover-in-place", "recover", "elastic-training", "dump", "exit")
-_NEEDS_EVERY_PARTICIPANT = frozenset({"retry", "recover", "dump"})
+_NEEDS_EVERY_PARTICIPANT = frozenset({"retry", "recover", "elastic-training", "dump"})
 #: Strategies whose executors exist in this version; the others are refused with that reason.
-_IMPLEMENTED = frozenset({"retry", "recover-in-place", "dump", "exit"})
+_IMPLEMENTED = frozenset(ALL_STRATEGIES)
 _RETRYABLE_FAULT_TYPES = frozenset({"0", "2"})
 #: What is left after a strategy failed (upstream's chooseStrategy fallbacks); anything else: exit.
 _AFTER_FAILED = {
@@ -43,6 +47,7 @@ _AFTER_FAILED = {
     "recover-in-place": ("dump", "exit"),
     "recover": ("dump", "exit"),
     "elastic-training": ("dump", "exit"),
+    "upgrade": ("dump", "exit"),
 }
 
 #: Rough cost of each strategy in seconds, shown with decisions (measured figures come from bench/).
@@ -105,6 +110,12 @@ class Request:
     #: Nodes of the faulty ranks, and the node rank 0 runs on ("" = unknown: rank 0 faulty counts).
     fault_nodes: tuple[str, ...] = ()
     rank0_node: str = ""
+    #: Live spare nodes holding no ranks, in the order they should be used.
+    spares: tuple[str, ...] = ()
+    #: Faulty ranks whose node is unknown (not in any rank table): `recover` cannot move them.
+    unplaced_ranks: tuple[int, ...] = ()
+    #: Faulty nodes whose agent is gone (lease expired): nothing there can be restarted in place.
+    lost_nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +125,8 @@ class Decision:
     give_up: bool = False
     candidates: tuple[str, ...] = ()
     expected_cost_s: float = 0.0
+    #: `recover`: (faulty node, spare node) pairs.
+    moves: tuple[tuple[str, str], ...] = ()
 
 
 def _recent(history: Sequence[Outcome], now: float, window_s: float) -> list[Outcome]:
@@ -156,9 +169,13 @@ def choose(request: Request, *, implemented: frozenset[str] = _IMPLEMENTED) -> D
             reasons.append(f"give up: {exits} exit(s) within {window:g}s reached the job budget of {count}")
         return Decision("", tuple(reasons), give_up=True)
     chosen = candidates[0]
-    reasons.append(f"{chosen}: yes, the cheapest strategy left (about {EXPECTED_COST_S[chosen]:g}s)")
+    moves = tuple(zip(request.fault_nodes, request.spares, strict=False)) if chosen == "recover" else ()
+    where = "; " + ", ".join(f"{a} -> {b}" for a, b in moves) if moves else ""
+    reasons.append(f"{chosen}: yes, the cheapest strategy left (about {EXPECTED_COST_S[chosen]:g}s){where}")
     reasons.extend(f"{s}: possible, after {chosen} in priority order" for s in candidates[1:])
-    return Decision(chosen, tuple(reasons), candidates=tuple(candidates), expected_cost_s=EXPECTED_COST_S[chosen])
+    return Decision(
+        chosen, tuple(reasons), candidates=tuple(candidates), expected_cost_s=EXPECTED_COST_S[chosen], moves=moves
+    )
 
 
 def _rank0_node_faulty(request: Request) -> bool:
@@ -181,9 +198,19 @@ def _rule_out(strategy: str, request: Request, allowed: Sequence[str], implement
         return "not reported by every participant"
     if strategy == "retry" and not set(request.fault_types) <= _RETRYABLE_FAULT_TYPES:
         return "a fault is not retryable (only UCE '0' and HCCL '2' are)"
+    if strategy == "recover-in-place" and request.lost_nodes:
+        return f"node(s) {list(request.lost_nodes)} lost: no agent there to restart ranks in place"
     if strategy == "recover-in-place" and not policy.allow_rank0_in_place and _rank0_node_faulty(request):
         where = f" ({request.rank0_node})" if request.rank0_node else ""
         return f"rank 0's node{where} has a fault and the policy says allow_rank0_in_place: false"
+    if strategy == "recover":
+        if request.unplaced_ranks:
+            return f"the node of rank(s) {list(request.unplaced_ranks)} is unknown: nothing to move"
+        if len(request.spares) < len(request.fault_nodes):
+            return (
+                f"{len(request.fault_nodes)} faulty node(s) {list(request.fault_nodes)} need as many idle spare"
+                f" nodes; {len(request.spares)} available {list(request.spares)}"
+            )
     if strategy == "elastic-training" and _rank0_node_faulty(request):
         return "rank 0's node has a fault (a downgrade never drops rank 0)"
     budget = policy.budget(strategy)

@@ -19,7 +19,7 @@ from recoverd import events
 from recoverd.aiotools import leaf_errors, supervised_group
 from recoverd.controller import JobController
 from recoverd.errors import RecoverdError
-from recoverd.jobview import read_job
+from recoverd.jobview import idle_spares, node_of_rank, read_job
 from recoverd.keys import Keyspace
 from recoverd.records import encode, pb, ts_from_s, ts_to_s
 from recoverd.store import Absent, Put, Store
@@ -33,9 +33,17 @@ SOURCE = "strategy"
 
 
 def request_from_records(
-    spec: pb.JobSpec, recovery: pb.Recovery, history: pb.History | None, now: float, rank0_node: str = ""
+    spec: pb.JobSpec,
+    recovery: pb.Recovery,
+    history: pb.History | None,
+    now: float,
+    rank0_node: str = "",
+    spares: tuple[str, ...] = (),
+    live_nodes: frozenset[str] | None = None,
 ) -> Request:
-    """The selector's input, from the stored records (``rank0_node``: where rank 0 runs, if known)."""
+    """The selector's input, from the stored records (``rank0_node``: where rank 0 runs, if known;
+    ``spares``: the idle spare nodes; ``live_nodes``: nodes whose agent is alive, None if unknown)."""
+    fault_nodes = tuple(sorted({f.node for f in recovery.faults if f.node}))
     policy = spec.policy
     window = policy.restart_window_s or 600.0
     view = PolicyView(
@@ -57,8 +65,11 @@ def request_from_records(
         failed=tuple(f.strategy for f in recovery.failed_strategies),
         history=outcomes,
         now=now,
-        fault_nodes=tuple(sorted({f.node for f in recovery.faults if f.node})),
+        fault_nodes=fault_nodes,
         rank0_node=rank0_node,
+        spares=spares,
+        lost_nodes=tuple(n for n in fault_nodes if live_nodes is not None and n not in live_nodes),
+        unplaced_ranks=tuple(sorted({f.rank for f in recovery.faults if not f.node})),
     )
 
 
@@ -97,8 +108,10 @@ class StrategyService:
         if recovery.phase != pb.PHASE_DECIDING or recovery.epoch in view.decisions:
             return
         now = time.time()
-        rank0_node = next((r.node for nr in view.ranks.values() for r in nr.ranks if r.rank == 0), "")
-        request = request_from_records(view.spec, recovery, view.history, now, rank0_node)
+        rank0_node = node_of_rank(view).get(0, "")
+        request = request_from_records(
+            view.spec, recovery, view.history, now, rank0_node, idle_spares(view), frozenset(view.nodes)
+        )
         decision = choose(request)
         record = pb.Decision(
             epoch=recovery.epoch,
@@ -112,6 +125,8 @@ class StrategyService:
             decided_at=ts_from_s(now),
             decided_by=self.identity,
             expected_cost_s=decision.expected_cost_s,
+            moves=[pb.NodeMove(from_node=a, to_node=b) for a, b in decision.moves],
+            spares=list(request.spares),
         )
         key = self.keys.decision(view.run, recovery.epoch)
         summary = decision.strategy or "give up"

@@ -15,6 +15,8 @@ import pytest
 from recoverd.coordinator.recovery import (
     CHEAPER_THAN_EXIT,
     TRANSITIONS,
+    UPGRADE,
+    CapacityReturned,
     DeadlinePassed,
     DecisionMade,
     EmitEvent,
@@ -22,6 +24,8 @@ from recoverd.coordinator.recovery import (
     FaultInfo,
     FaultReported,
     FinishJob,
+    ForgetNode,
+    Layout,
     ParticipantsChanged,
     Phase,
     PublishSignal,
@@ -164,6 +168,8 @@ def plausible_event(rec: Recovery, event_type: type) -> object:
         return RecoverStatusReported(rec.epoch, who, 0, rec.strategy)
     if event_type is ParticipantsChanged:
         return ParticipantsChanged(rec.participants | {"late-joiner"})
+    if event_type is CapacityReturned:
+        return CapacityReturned(Layout(live=frozenset({"n0", "spare0"}), spares=("spare0",)))
     raise AssertionError(f"no plausible event for {event_type}")  # pragma: no cover
 
 
@@ -194,6 +200,7 @@ def test_event_union_and_table_cover_each_other() -> None:
         DecisionMade,
         RecoverStatusReported,
         ParticipantsChanged,
+        CapacityReturned,
     }
     assert {event_type for _, event_type in TRANSITIONS} == set(EVENT_TYPES)
     assert {phase for phase, _ in TRANSITIONS} == set(Phase) - {Phase.FAILED}
@@ -245,6 +252,8 @@ def guarded_case(phase: Phase, event_type: type) -> tuple[Recovery, object, floa
         rec, _ = apply(rec, report, now)
         return rec, ParticipantsChanged(frozenset({"a"})), now
     rec, now = walk(phase.name)
+    if event_type is CapacityReturned:
+        rec = dataclasses.replace(rec, isolated=((3, "n1"),))  # a downgrade isolated rank 3
     if event_type is RecoverStatusReported:
         rec = confirm_commands(rec, now)  # so that the participant's answer is the last one required
     event = plausible_event(rec, event_type)
@@ -398,10 +407,10 @@ def test_exit_restarts_every_decision_node_and_every_fault_node() -> None:
 def test_restart_ranks_groups_ranks_by_node_in_node_order() -> None:
     faults = (fault("f1", 5, "n2"), fault("f2", 1, "n1"), fault("f3", 4, "n2"), fault("f4", 4, "n2"))
     rec, now = walk("DECIDING", faults=faults)
-    rec2, effects = apply(rec, DecisionMade(rec.epoch, "recover"), now)
+    rec2, effects = apply(rec, DecisionMade(rec.epoch, "recover-in-place"), now)
     assert [e for e in effects if isinstance(e, SendCommand)] == [
-        SendCommand("n1", "RESTART_RANKS", (1,), 1, "recover"),
-        SendCommand("n2", "RESTART_RANKS", (4, 5), 2, "recover"),
+        SendCommand("n1", "RESTART_RANKS", (1,), 1, "recover-in-place"),
+        SendCommand("n2", "RESTART_RANKS", (4, 5), 2, "recover-in-place"),
     ]
     assert rec2.fault_ranks == (1, 4, 5)
 
@@ -1305,3 +1314,102 @@ def test_job_nodes_survive_the_stored_record() -> None:
     rec, _ = dump_in_progress()
     back = recovery_from_pb(recovery_to_pb(rec))
     assert back.job_nodes == ("n0", "n1", "n2") and back == rec
+
+
+# ============================================================ node-wide strategies: recover, downgrade, upgrade
+
+LAYOUT = Layout(
+    placement=(("n0", (0, 1)), ("n1", (2, 3))),
+    live=frozenset({"n0", "n1", "s0"}),
+    spares=("s0",),
+)
+
+
+def commands_of(effects: list[object]) -> list[tuple[str, str, tuple[int, ...]]]:
+    return [(e.node, e.action, e.ranks) for e in effects if isinstance(e, SendCommand)]
+
+
+def test_recover_moves_every_rank_of_the_faulty_node_to_the_spare() -> None:
+    rec, now = walk("DECIDING")  # rank 3 on n1 failed
+    decision = DecisionMade(rec.epoch, "recover", ("spare",), nodes=("n0", "n1"), moves=(("n1", "s0"),), layout=LAYOUT)
+    rec, effects = apply(rec, decision, now)
+    # Node-wide expansion: rank 2 shares the faulty node, so it moves too.
+    assert rec.fault_ranks == (2, 3)
+    assert commands_of(effects) == [("s0", "START_RANKS", (2, 3)), ("n1", "RELEASE_RANKS", (2, 3))]
+    assert rec.command_nodes == {"s0", "n1"}
+    change = next(e for e in effects if isinstance(e, PublishSignal))
+    assert (change.change_strategy, change.fault_ranks) == ("recover", ((2, "1"), (3, "1")))
+    assert not any(isinstance(e, ForgetNode) for e in effects)
+    # The spare's and the released node's agents confirm, then the participant: done.
+    for who in ("agent.s0", "agent.n1"):
+        rec, _ = apply(rec, RecoverStatusReported(rec.epoch, who, 0, "recover"), now)
+    rec, effects = apply(rec, RecoverStatusReported(rec.epoch, "a", 0, "recover"), now)
+    assert rec.phase is Phase.DONE
+    assert RecordOutcome("recover", (2, 3), ok=True) in effects
+
+
+def test_recover_of_a_lost_node_forgets_it() -> None:
+    rec, now = walk("DECIDING")
+    lost = dataclasses.replace(LAYOUT, live=frozenset({"n0", "s0"}))
+    decision = DecisionMade(rec.epoch, "recover", (), nodes=("n0", "n1"), moves=(("n1", "s0"),), layout=lost)
+    rec, effects = apply(rec, decision, now)
+    assert commands_of(effects) == [("s0", "START_RANKS", (2, 3))]
+    assert ForgetNode("n1") in effects
+    assert "n1" not in rec.job_nodes  # a later exit must not wait for the lost node's agent
+
+
+def test_downgrade_releases_the_faulty_node_and_isolates_its_ranks() -> None:
+    rec, now = walk("DECIDING")
+    decision = DecisionMade(rec.epoch, "elastic-training", (), nodes=("n0", "n1"), layout=LAYOUT)
+    rec, effects = apply(rec, decision, now)
+    assert commands_of(effects) == [("n1", "RELEASE_RANKS", (2, 3))]
+    assert rec.isolated == ((2, "n1"), (3, "n1"))
+    change = next(e for e in effects if isinstance(e, PublishSignal))
+    assert (change.change_strategy, change.extra_params) == ("downgrade", '{"scale-in-strategy": "DP"}')
+    rec, _ = apply(rec, RecoverStatusReported(rec.epoch, "agent.n1", 0), now)
+    rec, _ = apply(rec, RecoverStatusReported(rec.epoch, "a", 0), now)
+    assert rec.phase is Phase.DONE and rec.isolated == ((2, "n1"), (3, "n1"))
+    # The isolation outlives this recovery: the next one opens with it.
+    later, _ = apply(rec, FaultReported(fault("f9", rank=1, node="n0"), frozenset({"a"})), now + 1)
+    assert later.isolated == rec.isolated
+
+
+def test_capacity_returned_brings_isolated_ranks_back_on_a_spare() -> None:
+    rec, now = walk("DONE")
+    rec = dataclasses.replace(rec, isolated=((2, "n1"), (3, "n1")))
+    assert apply(rec, CapacityReturned(dataclasses.replace(LAYOUT, spares=())), now) == (rec, [])
+    new, effects = apply(rec, CapacityReturned(LAYOUT), now + 1)
+    assert (new.phase, new.strategy, new.epoch, new.recovery_id) == (
+        Phase.RECOVERING,
+        UPGRADE,
+        rec.epoch + 1,
+        rec.recovery_id + 1,
+    )
+    assert commands_of(effects) == [("s0", "START_RANKS", (2, 3))]
+    assert new.isolated == () and new.fault_ranks == (2, 3)
+    change = next(e for e in effects if isinstance(e, PublishSignal))
+    assert (change.change_strategy, change.extra_params) == ("upgrade", '{"scale-out-strategy": "DP"}')
+    new, _ = apply(new, RecoverStatusReported(new.epoch, "agent.s0", 0), now + 1)
+    new, effects = apply(new, RecoverStatusReported(new.epoch, "a", 0), now + 1)
+    assert new.phase is Phase.DONE
+    assert RecordOutcome(UPGRADE, (2, 3), ok=True) in effects
+
+
+def test_a_failed_upgrade_falls_back_to_the_selector() -> None:
+    rec, now = walk("DONE")
+    rec = dataclasses.replace(rec, isolated=((2, "n1"),))
+    rec, _ = apply(rec, CapacityReturned(LAYOUT), now)
+    rec, _ = apply(rec, RecoverStatusReported(rec.epoch, "agent.s0", 1, "", "could not start"), now)
+    assert rec.phase is Phase.DECIDING
+    assert rec.failed_strategies[-1][0] == UPGRADE
+
+
+def test_exit_takes_isolated_ranks_back_where_their_agent_lives() -> None:
+    rec, now = walk("DONE")
+    rec = dataclasses.replace(rec, isolated=((2, "n1"), (3, "n1"), (5, "n2")))
+    rec, now = walk("DECIDING", start=(rec, now), faults=(fault("f7", rank=0, node="n0"),))
+    layout = dataclasses.replace(LAYOUT, live=frozenset({"n0", "n1"}))
+    rec, effects = apply(rec, DecisionMade(rec.epoch, "exit", (), nodes=("n0", "n1"), layout=layout), now)
+    assert commands_of(effects) == [("n0", "RESTART_ALL", ()), ("n1", "RESTART_ALL", (2, 3))]
+    # n2 is gone: its rank stays isolated until a spare takes it.
+    assert rec.isolated == ((5, "n2"),)

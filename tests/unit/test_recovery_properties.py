@@ -24,11 +24,14 @@ from recoverd.coordinator.recovery import (
     CHEAPER_THAN_EXIT,
     DUMP_EXIT,
     TRANSITIONS,
+    UPGRADE,
+    CapacityReturned,
     DeadlinePassed,
     DecisionMade,
     FaultInfo,
     FaultReported,
     FinishJob,
+    Layout,
     ParticipantsChanged,
     Phase,
     PublishSignal,
@@ -64,7 +67,7 @@ NODE_SETS: tuple[tuple[str, ...], ...] = ((), ("n0",), ("n0", "n1", "n2", "n3"))
 #: Phases in which no strategy is in progress (a failed one is recorded and cleared).
 NO_STRATEGY_PHASES = frozenset({Phase.COLLECTING, Phase.STOPPING, Phase.GLOBAL_FAULT, Phase.DECIDING})
 REPORTS = (StopCompleted, StrategiesReported, RecoverStatusReported)
-KINDS = ("fault", "deadline", "stop", "strategies", "decision", "recover", "participants")
+KINDS = ("fault", "deadline", "stop", "strategies", "decision", "recover", "participants", "capacity")
 #: The event that moves each phase on; drawn more often so sequences get deep (and come round again).
 PROGRESS = {
     Phase.DONE: "fault",
@@ -126,6 +129,9 @@ def draw_event(rec: Recovery, pick: Pick) -> tuple[object, bool, float]:
         return DecisionMade(epoch, strategy, ("drawn",), give_up, nodes), False, dt
     if kind == "recover":
         return RecoverStatusReported(epoch, who, code, rec.strategy), False, dt
+    if kind == "capacity":
+        spares = pick(((), ("s0",), ("s0", "s1")))
+        return CapacityReturned(Layout(live=frozenset({"n0", *spares}), spares=spares)), False, dt
     # Sometimes every participant that has not answered yet is lost (the guard of a completion by
     # ParticipantsChanged, which random groups rarely hit once commanded agents must answer too).
     return ParticipantsChanged(pick((*GROUPS, rec.participants & rec.reported))), False, dt
@@ -206,6 +212,7 @@ class Checker:
     def check(self, prev: Recovery, new: Recovery, effects: list[object], event: object, now: float) -> None:
         key = (prev.phase, type(event))
         after_dump = dump_exit(prev, new)
+        upgrade = prev.phase is Phase.DONE and new.phase is Phase.RECOVERING
         # Monotone counters.
         assert new.epoch >= prev.epoch
         assert new.recovery_id >= prev.recovery_id
@@ -263,7 +270,7 @@ class Checker:
         commands = [e for e in effects if isinstance(e, SendCommand)]
         entered_recovering = new.phase is Phase.RECOVERING and new.phase_log != prev.phase_log
         if commands:
-            assert entered_recovering and (prev.phase is Phase.DECIDING or after_dump)
+            assert entered_recovering and (prev.phase is Phase.DECIDING or after_dump or upgrade)
             seqs = [c.seq for c in commands]
             assert seqs[0] > self.last_seq and seqs == sorted(set(seqs))
             assert seqs[-1] == new.command_seq
@@ -307,8 +314,8 @@ class Checker:
         # ... or with a saved `dump`'s `exit` (RECOVERING again, a new round).
         if new.epoch != prev.epoch:
             assert new.epoch == prev.epoch + 1
-            assert new.phase in (Phase.COLLECTING, Phase.STOPPING, Phase.DECIDING) or after_dump
-            assert (new.recovery_id == prev.recovery_id + 1) == (new.phase is Phase.COLLECTING)
+            assert new.phase in (Phase.COLLECTING, Phase.STOPPING, Phase.DECIDING) or after_dump or upgrade
+            assert (new.recovery_id == prev.recovery_id + 1) == (new.phase is Phase.COLLECTING or upgrade)
         # A report is news exactly when it comes from someone required who has not answered this
         # phase yet (in RECOVERING that includes a commanded agent that is no participant, even a
         # lost one): news always changes the record, anything else changes nothing, whatever its code.
@@ -356,7 +363,7 @@ class Checker:
         )
         assert len(outcomes) == (1 if left_recovering or after_dump else 0)
         for outcome in outcomes:
-            assert outcome.strategy == prev.strategy and outcome.strategy in STRATEGIES
+            assert outcome.strategy == prev.strategy and outcome.strategy in (*STRATEGIES, UPGRADE)
             assert outcome.ranks == prev.fault_ranks
             assert outcome.ok == (new.phase is Phase.DONE or after_dump)
             if new.phase is Phase.FAILED:
@@ -372,22 +379,43 @@ class Checker:
             assert new.command_nodes == frozenset()
             assert bool(prev.command_nodes) == (prev.strategy not in ("retry", "dump"))
             assert prev.strategy != "dump", "a saved dump is followed by its exit, never DONE by itself"
+        # An upgrade starts isolated ranks on idle spares, one isolated node per spare, in a new round.
+        if isinstance(event, CapacityReturned) and new is not prev:
+            assert prev.phase is Phase.DONE and prev.isolated and event.layout.spares
+            assert new.phase is Phase.RECOVERING and new.strategy == UPGRADE and new.epoch == prev.epoch + 1
+            assert all(c.action == "START_RANKS" and c.node in event.layout.spares for c in commands)
+            assert set(new.isolated) < set(prev.isolated)
+            assert {r for c in commands for r in c.ranks} == {r for r, _ in prev.isolated} - {
+                r for r, _ in new.isolated
+            }
         # Every node any decision of the recovery named is remembered for the exit after a dump.
         if isinstance(event, DecisionMade) and new.phase is Phase.RECOVERING and prev.phase is Phase.DECIDING:
             assert set(new.job_nodes) == set(prev.job_nodes) | set(event.nodes)
         # The exit after a dump restarts every node of the job (and every fault node), all ranks.
         if after_dump:
-            assert [c.node for c in commands] == sorted(set(prev.job_nodes) | {f.node for f in new.faults})
-            assert all(c.action == "RESTART_ALL" and c.ranks == () and c.strategy == "exit" for c in commands)
+            assert [c.node for c in commands] == sorted(
+                set(prev.job_nodes) | {f.node for f in new.faults} | {n for _, n in prev.isolated}
+            )
+            assert all(c.action == "RESTART_ALL" and c.strategy == "exit" for c in commands)
+            assert all(c.ranks == isolated_on(prev, c.node) for c in commands)
         # `exit` restarts every node the decision (or the deciding deadline) named, plus every fault node.
         if commands and isinstance(event, (DecisionMade, DeadlinePassed)):
-            job_nodes = set(event.nodes) | {f.node for f in new.faults}
+            job_nodes = set(event.nodes) | {f.node for f in new.faults} | {n for _, n in prev.isolated}
             if new.strategy == "exit":
                 assert [c.node for c in commands] == sorted(job_nodes)
-                assert all(c.action == "RESTART_ALL" and c.ranks == () for c in commands)
+                # Ranks a downgrade isolated come back on their node (every node is alive here).
+                assert all(c.action == "RESTART_ALL" and c.ranks == isolated_on(prev, c.node) for c in commands)
+                assert new.isolated == ()
             else:
+                # Drawn decisions name no spare and no layout: every node counts as alive, so
+                # `recover` and a downgrade only release the faulty nodes' ranks.
                 assert [c.node for c in commands] == sorted({f.node for f in new.faults})
-                assert all(c.action == "RESTART_RANKS" for c in commands)
+                action = "RESTART_RANKS" if new.strategy == "recover-in-place" else "RELEASE_RANKS"
+                assert all(c.action == action for c in commands)
+
+
+def isolated_on(rec: Recovery, node: str) -> tuple[int, ...]:
+    return tuple(sorted(rank for rank, where in rec.isolated if where == node))
 
 
 def picker(seed: int) -> Pick:

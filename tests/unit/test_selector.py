@@ -91,10 +91,10 @@ CASES = [
         "recover: no, not reported by every participant",
     ),
     (
-        "strategies not built yet are refused with that reason",
+        "a downgrade needs the participants' word (a plain script cannot shrink its world)",
         Request((2,), policy=PolicyView(("elastic-training", "exit")), now=NOW),
         "exit",
-        "elastic-training: no, not implemented in this version",
+        "elastic-training: no, not reported by every participant",
     ),
 ]
 
@@ -182,11 +182,50 @@ LADDER_CASES = [
     ),
     ("after a failed dump: exit", ladder(failed=("dump",)), "exit", ("exit",), "after a failed dump"),
     (
-        "no spare reported (recover unsupported): downgrade",
-        ladder(policy=PolicyView(("recover", "elastic-training", "exit")), supported=frozenset({"dump", "exit"})),
+        "recover unsupported by a participant: downgrade",
+        ladder(
+            policy=PolicyView(("recover", "elastic-training", "exit")),
+            supported=frozenset({"elastic-training", "exit"}),
+            spares=("s0",),
+        ),
         "elastic-training",
         ("elastic-training", "exit"),
         "recover: no, not reported by every participant",
+    ),
+    (
+        "no idle spare: recover is refused and the job downgrades",
+        ladder(policy=PolicyView(("recover", "elastic-training", "exit")), fault_nodes=("n1",)),
+        "elastic-training",
+        ("elastic-training", "exit"),
+        "recover: no, 1 faulty node(s) ['n1'] need as many idle spare nodes; 0 available []",
+    ),
+    (
+        "two faulty nodes, one spare: recover is refused",
+        ladder(policy=PolicyView(("recover", "exit")), fault_nodes=("n1", "n2"), spares=("s0",)),
+        "exit",
+        ("exit",),
+        "need as many idle spare nodes; 1 available ['s0']",
+    ),
+    (
+        "downgrade not reported by the clients: exit",
+        ladder(policy=PolicyView(("elastic-training", "exit")), supported=frozenset({"recover", "exit"})),
+        "exit",
+        ("exit",),
+        "elastic-training: no, not reported by every participant",
+    ),
+    (
+        "a lost node rules out recover-in-place: recover to a spare",
+        ladder(fault_nodes=("n1",), lost_nodes=("n1",), spares=("s0",)),
+        "recover",
+        ("recover", "elastic-training", "dump", "exit"),
+        "recover-in-place: no, node(s) ['n1'] lost: no agent there to restart ranks in place",
+    ),
+    (
+        "a faulty rank on an unknown node cannot be moved",
+        ladder(policy=PolicyView(("recover", "exit")), unplaced_ranks=(2,), spares=("s0",)),
+        "exit",
+        ("exit",),
+        "recover: no, the node of rank(s) [2] is unknown: nothing to move",
     ),
     (
         "unsupported by one client: dump falls to exit",
@@ -198,7 +237,11 @@ LADDER_CASES = [
     (
         "rank 0's node faulty and allow_rank0_in_place false: recover",
         ladder(
-            policy=PolicyView(ALL, allow_rank0_in_place=False), fault_ranks=(3,), fault_nodes=("n0",), rank0_node="n0"
+            policy=PolicyView(ALL, allow_rank0_in_place=False),
+            fault_ranks=(3,),
+            fault_nodes=("n0",),
+            rank0_node="n0",
+            spares=("s0",),
         ),
         "recover",
         ("recover", "dump", "exit"),
@@ -214,7 +257,11 @@ LADDER_CASES = [
     (
         "another node's fault: rank 0's node may stay in place",
         ladder(
-            policy=PolicyView(ALL, allow_rank0_in_place=False), fault_ranks=(5,), fault_nodes=("n1",), rank0_node="n0"
+            policy=PolicyView(ALL, allow_rank0_in_place=False),
+            fault_ranks=(5,),
+            fault_nodes=("n1",),
+            rank0_node="n0",
+            spares=("s0",),
         ),
         "recover-in-place",
         ALL[1:],
@@ -222,7 +269,7 @@ LADDER_CASES = [
     ),
     (
         "rank-0 node fault with the default policy: in place is fine",
-        ladder(fault_ranks=(0,), fault_nodes=("n0",), rank0_node="n0"),
+        ladder(fault_ranks=(0,), fault_nodes=("n0",), rank0_node="n0", spares=("s0",)),
         "recover-in-place",
         ("recover-in-place", "recover", "dump", "exit"),
         "recover-in-place: yes",
@@ -316,17 +363,20 @@ def test_exit_budget_spent_still_gives_up() -> None:
     assert "give up: 1 exit(s) within 60s reached the job budget of 1" in decision.reasons
 
 
-def test_this_version_runs_retry_recover_in_place_dump_and_exit() -> None:
-    decision = choose(ladder(failed=("recover-in-place",)))
-    assert decision.strategy == "dump"
-    assert decision.candidates == ("dump", "exit")
-    assert "dump: yes, the cheapest strategy left (about 60s)" in decision.reasons
-    unimplemented = choose(ladder(fault_types=("0",), failed=("retry", "recover-in-place")))
-    assert unimplemented.strategy == "dump"
-    assert not any("dump: no" in reason for reason in unimplemented.reasons), unimplemented.reasons
-    # recover and elastic-training are still refused in this version.
-    only_recover = choose(ladder(policy=PolicyView(("recover", "exit"))))
-    assert only_recover.strategy == "exit"
-    assert "recover: no, not implemented in this version of recoverd" in only_recover.reasons
-    after_dump = choose(ladder(failed=("recover-in-place", "dump")))
-    assert after_dump.strategy == "exit"
+def test_recover_names_one_spare_per_faulty_node() -> None:
+    decision = choose(
+        ladder(policy=PolicyView(("recover", "exit")), fault_nodes=("n1", "n3"), spares=("s0", "s1", "s2"))
+    )
+    assert decision.strategy == "recover"
+    assert decision.moves == (("n1", "s0"), ("n3", "s1"))
+    assert any("n1 -> s0, n3 -> s1" in reason for reason in decision.reasons), decision.reasons
+    # Only `recover` moves anything.
+    assert choose(ladder(fault_nodes=("n1",), spares=("s0",))).moves == ()
+
+
+def test_every_strategy_is_implemented_in_this_version() -> None:
+    for strategy in ALL:
+        policy = PolicyView((strategy, "exit"))
+        request = ladder(policy=policy, fault_types=("0",), fault_nodes=("n1",), spares=("s0",))
+        assert choose(request).strategy == strategy
+        assert not any("not implemented" in r for r in choose(request).reasons)

@@ -57,6 +57,8 @@ class CommandAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ACTION_RESTART_RANKS: _ClassVar[CommandAction]
     ACTION_RESTART_ALL: _ClassVar[CommandAction]
     ACTION_STOP_ALL: _ClassVar[CommandAction]
+    ACTION_START_RANKS: _ClassVar[CommandAction]
+    ACTION_RELEASE_RANKS: _ClassVar[CommandAction]
 JOB_STATE_UNSPECIFIED: JobState
 JOB_RUNNING: JobState
 JOB_SUCCEEDED: JobState
@@ -87,6 +89,8 @@ COMMAND_ACTION_UNSPECIFIED: CommandAction
 ACTION_RESTART_RANKS: CommandAction
 ACTION_RESTART_ALL: CommandAction
 ACTION_STOP_ALL: CommandAction
+ACTION_START_RANKS: CommandAction
+ACTION_RELEASE_RANKS: CommandAction
 
 class Policy(_message.Message):
     __slots__ = ("strategies", "max_rank_restarts", "max_job_restarts", "restart_window_s", "deadlines", "budgets", "spares", "allow_rank0_in_place")
@@ -310,7 +314,7 @@ class FailedStrategy(_message.Message):
     def __init__(self, strategy: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Recovery(_message.Message):
-    __slots__ = ("epoch", "uuid", "phase", "opened_at", "deadline_at", "faults", "participants", "strategy", "decision_reasons", "failed_strategies", "phase_log", "command_seq", "outcome", "recovery_id", "reported", "has_supported", "supported", "command_nodes", "job_nodes")
+    __slots__ = ("epoch", "uuid", "phase", "opened_at", "deadline_at", "faults", "participants", "strategy", "decision_reasons", "failed_strategies", "phase_log", "command_seq", "outcome", "recovery_id", "reported", "has_supported", "supported", "command_nodes", "job_nodes", "isolated")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -330,6 +334,7 @@ class Recovery(_message.Message):
     SUPPORTED_FIELD_NUMBER: _ClassVar[int]
     COMMAND_NODES_FIELD_NUMBER: _ClassVar[int]
     JOB_NODES_FIELD_NUMBER: _ClassVar[int]
+    ISOLATED_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     uuid: str
     phase: Phase
@@ -349,10 +354,27 @@ class Recovery(_message.Message):
     supported: _containers.RepeatedScalarFieldContainer[str]
     command_nodes: _containers.RepeatedScalarFieldContainer[str]
     job_nodes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, epoch: _Optional[int] = ..., uuid: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., opened_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deadline_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., faults: _Optional[_Iterable[_Union[Fault, _Mapping]]] = ..., participants: _Optional[_Iterable[str]] = ..., strategy: _Optional[str] = ..., decision_reasons: _Optional[_Iterable[str]] = ..., failed_strategies: _Optional[_Iterable[_Union[FailedStrategy, _Mapping]]] = ..., phase_log: _Optional[_Iterable[_Union[PhaseEntry, _Mapping]]] = ..., command_seq: _Optional[int] = ..., outcome: _Optional[str] = ..., recovery_id: _Optional[int] = ..., reported: _Optional[_Iterable[str]] = ..., has_supported: _Optional[bool] = ..., supported: _Optional[_Iterable[str]] = ..., command_nodes: _Optional[_Iterable[str]] = ..., job_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+    isolated: _containers.RepeatedCompositeFieldContainer[RankPlace]
+    def __init__(self, epoch: _Optional[int] = ..., uuid: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., opened_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deadline_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., faults: _Optional[_Iterable[_Union[Fault, _Mapping]]] = ..., participants: _Optional[_Iterable[str]] = ..., strategy: _Optional[str] = ..., decision_reasons: _Optional[_Iterable[str]] = ..., failed_strategies: _Optional[_Iterable[_Union[FailedStrategy, _Mapping]]] = ..., phase_log: _Optional[_Iterable[_Union[PhaseEntry, _Mapping]]] = ..., command_seq: _Optional[int] = ..., outcome: _Optional[str] = ..., recovery_id: _Optional[int] = ..., reported: _Optional[_Iterable[str]] = ..., has_supported: _Optional[bool] = ..., supported: _Optional[_Iterable[str]] = ..., command_nodes: _Optional[_Iterable[str]] = ..., job_nodes: _Optional[_Iterable[str]] = ..., isolated: _Optional[_Iterable[_Union[RankPlace, _Mapping]]] = ...) -> None: ...
+
+class RankPlace(_message.Message):
+    __slots__ = ("rank", "node")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    node: str
+    def __init__(self, rank: _Optional[int] = ..., node: _Optional[str] = ...) -> None: ...
+
+class NodeMove(_message.Message):
+    __slots__ = ("from_node", "to_node")
+    FROM_NODE_FIELD_NUMBER: _ClassVar[int]
+    TO_NODE_FIELD_NUMBER: _ClassVar[int]
+    from_node: str
+    to_node: str
+    def __init__(self, from_node: _Optional[str] = ..., to_node: _Optional[str] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = ("epoch", "strategy", "reasons", "give_up", "allowed", "candidates", "fault_ranks", "failed_strategies", "decided_at", "decided_by", "expected_cost_s")
+    __slots__ = ("epoch", "strategy", "reasons", "give_up", "allowed", "candidates", "fault_ranks", "failed_strategies", "decided_at", "decided_by", "expected_cost_s", "moves", "spares")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     REASONS_FIELD_NUMBER: _ClassVar[int]
@@ -364,6 +386,8 @@ class Decision(_message.Message):
     DECIDED_AT_FIELD_NUMBER: _ClassVar[int]
     DECIDED_BY_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_COST_S_FIELD_NUMBER: _ClassVar[int]
+    MOVES_FIELD_NUMBER: _ClassVar[int]
+    SPARES_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     strategy: str
     reasons: _containers.RepeatedScalarFieldContainer[str]
@@ -375,7 +399,9 @@ class Decision(_message.Message):
     decided_at: _timestamp_pb2.Timestamp
     decided_by: str
     expected_cost_s: float
-    def __init__(self, epoch: _Optional[int] = ..., strategy: _Optional[str] = ..., reasons: _Optional[_Iterable[str]] = ..., give_up: _Optional[bool] = ..., allowed: _Optional[_Iterable[str]] = ..., candidates: _Optional[_Iterable[str]] = ..., fault_ranks: _Optional[_Iterable[int]] = ..., failed_strategies: _Optional[_Iterable[str]] = ..., decided_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., decided_by: _Optional[str] = ..., expected_cost_s: _Optional[float] = ...) -> None: ...
+    moves: _containers.RepeatedCompositeFieldContainer[NodeMove]
+    spares: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, epoch: _Optional[int] = ..., strategy: _Optional[str] = ..., reasons: _Optional[_Iterable[str]] = ..., give_up: _Optional[bool] = ..., allowed: _Optional[_Iterable[str]] = ..., candidates: _Optional[_Iterable[str]] = ..., fault_ranks: _Optional[_Iterable[int]] = ..., failed_strategies: _Optional[_Iterable[str]] = ..., decided_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., decided_by: _Optional[str] = ..., expected_cost_s: _Optional[float] = ..., moves: _Optional[_Iterable[_Union[NodeMove, _Mapping]]] = ..., spares: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RecoveryOutcome(_message.Message):
     __slots__ = ("epoch", "strategy", "ranks", "opened_at", "closed_at", "ok")

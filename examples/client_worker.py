@@ -12,13 +12,18 @@ the ranks have two roles (MindCluster style: one controller per job):
   ``init_clusterd``, ``register`` and ``start_subscribe``. While it is registered, the controller is
   the recovery's only participant: the coordinator waits for its answers, the agents stay silent.
   Its handlers: ``stop_train`` pauses rank 0's own loop, then ``report_stop_complete``;
-  ``on_global_rank`` offers ``["exit"]`` with ``report_recover_strategy`` (all that a plain script
-  can do: ``recover-in-place`` comes from the job's policy, ``--strategies``, and the agents carry
-  it out); ``change_strategy`` reports the outcome with ``report_recover_status``, then resumes;
-  ``killMaster`` stops training and the rank exits 1.
+  ``on_global_rank`` offers ``--offer`` (default ``exit``) with ``report_recover_strategy``
+  (``recover-in-place`` needs no offer: it comes from the job's policy, ``--strategies``, and the
+  agents carry it out; ``recover`` and ``elastic-training`` must be offered, since the job has to
+  cope with ranks moving or leaving); ``change_strategy`` reports the outcome with
+  ``report_recover_status``, then resumes; ``killMaster`` stops training and the rank exits 1.
 * **Every other rank is an observer.** It runs ``observe()`` on a background thread: it receives
   the same signals, but it never registers, so nobody waits for it and it does not report. Its
   handlers: ``stop_train`` pauses its loop, ``change_strategy`` resumes it, ``killMaster`` stops it.
+
+Elastic training: on ``changeStrategy downgrade`` every rank drops the fault ranks from its world
+(the job goes on with fewer data-parallel replicas), on ``changeStrategy upgrade`` it takes them
+back; each step prints the world size it ran with (``rank 0 step 12 world 2``).
 
 The agents still do what no script can do for itself: they detect a rank's exit (the fault) and
 restart processes. With ``recover-in-place`` they restart only the faulty ranks: the survivors keep
@@ -98,6 +103,30 @@ def etcd_server_addr(etcd: str) -> str:
     return first if first.startswith(("etcd://", "http://", "https://")) else f"etcd://{first}"
 
 
+class World:
+    """The ranks training runs with; a downgrade drops some, an upgrade brings them back."""
+
+    def __init__(self, size: int) -> None:
+        self._lock = threading.Lock()
+        self._full = size
+        self._out: set[int] = set()
+
+    @property
+    def size(self) -> int:
+        with self._lock:
+            return self._full - len(self._out)
+
+    def change(self, strategy: str, ranks: Sequence[int]) -> bool:
+        """Apply a changeStrategy; True when the world changed."""
+        with self._lock:
+            before = set(self._out)
+            if strategy == "downgrade":
+                self._out |= set(ranks)
+            elif strategy == "upgrade":
+                self._out -= set(ranks)
+            return self._out != before
+
+
 class TrainingGate:
     """The training loop's brake, worked by the signal handlers from the client's thread.
 
@@ -149,15 +178,18 @@ class TrainingGate:
 # ---------------------------------------------------------------------- handlers
 
 
-def follower_handlers(rank: int, gate: TrainingGate) -> dict[str, Handler]:
-    """What every rank does with the signals: pause at stopTrain, resume at changeStrategy, stop at killMaster."""
+def follower_handlers(rank: int, gate: TrainingGate, world: World) -> dict[str, Handler]:
+    """What every rank does with the signals: pause at stopTrain, resume at changeStrategy (a
+    downgrade or upgrade changes the world first), stop at killMaster."""
 
     def stop_train(fault_ranks: dict[int, int], _signal: pb.ProcessManageSignal) -> None:
         gate.pause()
         say(rank, f"paused: stopTrain for fault ranks {fault_ranks}")
 
-    def change_strategy(_fault_ranks: dict[int, int], signal: pb.ProcessManageSignal) -> None:
+    def change_strategy(fault_ranks: dict[int, int], signal: pb.ProcessManageSignal) -> None:
         # A real job would rebuild its communicators here before going on.
+        if world.change(signal.changeStrategy, sorted(fault_ranks)):
+            say(rank, f"world {world.size}: {signal.changeStrategy} of ranks {sorted(fault_ranks)}")
         resumed = gate.resume()
         say(rank, f"{'resumed' if resumed else 'running'}: changeStrategy {signal.changeStrategy} {signal.extraParams}")
 
@@ -177,10 +209,15 @@ def follower_handlers(rank: int, gate: TrainingGate) -> dict[str, Handler]:
 
 
 def controller_handlers(
-    rank: int, gate: TrainingGate, manager: DLRecoverManager, stop_timeout_s: float
+    rank: int,
+    gate: TrainingGate,
+    world: World,
+    manager: DLRecoverManager,
+    stop_timeout_s: float,
+    offer: Sequence[str] = ("exit",),
 ) -> dict[str, Handler]:
     """The follower's handlers plus the controller's answers, one per phase of the recovery."""
-    handlers = follower_handlers(rank, gate)
+    handlers = follower_handlers(rank, gate, world)
     resume = handlers["change_strategy"]
 
     def stop_train(fault_ranks: dict[int, int], _signal: pb.ProcessManageSignal) -> None:
@@ -190,8 +227,8 @@ def controller_handlers(
         say(rank, f"paused: stopTrain for fault ranks {fault_ranks}; stop-complete {code} answered {answer}")
 
     def on_global_rank(fault_ranks: dict[int, int], _signal: pb.ProcessManageSignal) -> None:
-        answer = manager.report_recover_strategy(fault_ranks, ["exit"])
-        say(rank, f"globalFault for {fault_ranks}: offered [exit], answered {answer}")
+        answer = manager.report_recover_strategy(fault_ranks, list(offer))
+        say(rank, f"globalFault for {fault_ranks}: offered {list(offer)}, answered {answer}")
 
     def change_strategy(fault_ranks: dict[int, int], signal: pb.ProcessManageSignal) -> None:
         answer = manager.report_recover_status(0, "", fault_ranks, signal.changeStrategy)
@@ -223,15 +260,17 @@ def serve_as_observer(manager: DLRecoverManager, rank: int) -> None:
     manager.observe()
 
 
-def start_client(me: RankEnv, gate: TrainingGate, stop_timeout_s: float) -> tuple[DLRecoverManager, threading.Thread]:
+def start_client(
+    me: RankEnv, gate: TrainingGate, world: World, stop_timeout_s: float, offer: Sequence[str] = ("exit",)
+) -> tuple[DLRecoverManager, threading.Thread]:
     """This rank's DLRecoverManager, serving on a daemon thread (handlers run on that thread)."""
     role = "controller" if me.is_controller else "observer"
     manager = DLRecoverManager(pb.ClientInfo(jobId=me.job, role=role), me.server_addr, prefix=me.prefix)
     if me.is_controller:
-        handlers = controller_handlers(me.rank, gate, manager, stop_timeout_s)
+        handlers = controller_handlers(me.rank, gate, world, manager, stop_timeout_s, offer)
         serve = serve_as_controller
     else:
-        handlers = follower_handlers(me.rank, gate)
+        handlers = follower_handlers(me.rank, gate, world)
         serve = serve_as_observer
     for action, handler in handlers.items():
         manager.set_handler(action, handler)
@@ -251,14 +290,14 @@ def start_client(me: RankEnv, gate: TrainingGate, stop_timeout_s: float) -> tupl
 # ---------------------------------------------------------------------- training
 
 
-def train(rank: int, steps: int, step_time: float, gate: TrainingGate) -> int:
+def train(rank: int, steps: int, step_time: float, gate: TrainingGate, world: World) -> int:
     for step in range(steps):
         exit_code = gate.between_steps()
         if exit_code is not None:
             say(rank, f"stopped before step {step}, exit {exit_code}")
             return exit_code
         time.sleep(step_time)
-        print(f"rank {rank} step {step}", flush=True)
+        print(f"rank {rank} step {step} world {world.size}", flush=True)
     gate.finish()
     print(f"rank {rank} done", flush=True)
     return 0
@@ -272,6 +311,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--step-time", type=float, default=0.1)
+    parser.add_argument(
+        "--offer",
+        type=lambda text: tuple(s.strip() for s in text.split(",") if s.strip()),
+        default=("exit",),
+        help="strategies the controller reports it supports (comma-separated; default: exit)",
+    )
     return parser.parse_args(argv)
 
 
@@ -288,9 +333,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if me.restart:
         say(me.rank, f"the replacement (restart {me.restart}) starts")
     gate = TrainingGate()
-    manager, thread = start_client(me, gate, stop_timeout_s=max(1.0, 2 * args.step_time))
+    world = World(int(os.environ.get("WORLD_SIZE", "1")))
+    manager, thread = start_client(me, gate, world, stop_timeout_s=max(1.0, 2 * args.step_time), offer=args.offer)
     try:
-        return train(me.rank, args.steps, args.step_time, gate)
+        return train(me.rank, args.steps, args.step_time, gate, world)
     finally:
         manager.close()  # deregisters the controller: the agents answer for the job from now on
         thread.join(CLOSE_JOIN_S)

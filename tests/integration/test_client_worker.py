@@ -91,7 +91,7 @@ def test_a_survivor_is_recovered_in_place_through_the_controller(cluster: Cluste
     cluster.wait_for("the survivors to resume", lambda: _logged(cluster, job, (0, 1, 3), PAUSED, RESUMED))
     controller_log = _rank_log(cluster, job, 0)
     assert "stop-complete 0 answered 0" in controller_log
-    assert "offered [exit], answered 0" in controller_log
+    assert "offered ['exit'], answered 0" in controller_log
     assert "recover status 0 for recover answered 0" in controller_log
     cluster.wait_for("the replacement of rank 2", lambda: _logged(cluster, job, (2,), "the replacement (restart 1)"))
     # The survivors train on after the resume.

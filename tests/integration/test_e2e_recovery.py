@@ -245,14 +245,17 @@ def test_a_lost_node_is_a_fault_and_its_unconfirmed_command_fails_the_job(cluste
         assert view.recovery is not None
         assert sorted(f.rank for f in view.recovery.faults) == [2, 3]
         assert {f.source for f in view.recovery.faults} == {pb.SOURCE_LEASE}
-        # Nobody can restart node-b's ranks: neither recover-in-place nor exit is confirmed, and the
-        # job fails (killMaster semantics) instead of waiting forever or calling it a success.
+        # Nobody can restart node-b's ranks: recover-in-place is ruled out (no agent there), exit is
+        # never confirmed, and the job fails (killMaster semantics) instead of waiting forever or
+        # calling it a success. (With a spare, `recover` moves them: test_spare_and_elastic.py.)
         assert cluster.wait_exit("agent-node-a", timeout=30) == 1
         final = cluster.view("job-lost")
         assert final.status is not None and final.status.state == pb.JOB_FAILED
         assert "agent.node-b" in final.status.reason
         outcomes = [(o.strategy, o.ok) for o in final.history.outcomes]  # type: ignore[union-attr]
-        assert outcomes == [("recover-in-place", False), ("exit", False)]
+        assert outcomes == [("exit", False)]
+        first = final.decisions[min(final.decisions)]
+        assert any("recover-in-place: no, node(s) ['node-b'] lost" in r for r in first.reasons), first.reasons
     finally:
         for pid in orphans:  # the lost agent's ranks outlived it, as they must; clean them up
             with contextlib.suppress(ProcessLookupError):

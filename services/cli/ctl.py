@@ -30,7 +30,7 @@ import yaml
 from google.protobuf import json_format
 
 from recoverd.errors import ConfigError, RecoverdError
-from recoverd.jobview import JobView, read_job
+from recoverd.jobview import JobView, idle_spares, read_job
 from recoverd.keys import DEFAULT_PREFIX, Keyspace, RunRef
 from recoverd.policy import JobPolicy, load_policy, policy_dict
 from recoverd.records import decode, encode, pb, ts_to_s
@@ -76,9 +76,11 @@ def status_dict(view: JobView) -> dict[str, Any]:
         "state": _enum(pb.JobState, view.status.state, "JOB_") if view.status else "RUNNING",
         "reason": view.status.reason if view.status else "",
         "nodes": {
-            name: {"host": n.host, "agent_pid": n.agent_pid, "node_rank": n.node_rank}
+            name: {"host": n.host, "agent_pid": n.agent_pid, "node_rank": n.node_rank, "spare": n.is_spare}
             for name, n in sorted(view.nodes.items())
         },
+        "spares": list(idle_spares(view)),
+        "isolated": [{"rank": p.rank, "node": p.node} for p in view.recovery.isolated] if view.recovery else [],
         "ranks": [
             {
                 "rank": r.rank,
@@ -117,6 +119,14 @@ def format_status(data: dict[str, Any]) -> str:
         + (f" ({data['reason']})" if data["reason"] else ""),
         f"world size {data['world_size']} on {data['nnodes']} node(s); strategies {','.join(data['strategies'])}",
     ]
+    if data["isolated"]:
+        out = sorted(p["rank"] for p in data["isolated"])
+        lines.append(
+            f"downgraded: training with {data['world_size'] - len(out)} of {data['world_size']} ranks;"
+            f" ranks {out} are isolated until a spare registers"
+        )
+    if data["spares"]:
+        lines.append(f"idle spare node(s): {', '.join(data['spares'])}")
     rec = data["recovery"]
     if rec is None:
         lines.append("recovery: none so far")
@@ -277,6 +287,8 @@ async def _run(args: argparse.Namespace) -> int:
                     print(
                         f"epoch {d.epoch}  {_iso(ts_to_s(d.decided_at))}  {d.strategy or 'GIVE UP'}  by {d.decided_by}"
                     )
+                    for move in d.moves:
+                        print(f"    move: {move.from_node} -> {move.to_node}")
                     for reason in d.reasons:
                         print(f"    {reason}")
     return 0

@@ -262,3 +262,80 @@ def test_a_lost_node_is_a_fault_and_its_unconfirmed_command_fails_the_job(cluste
                 os.killpg(pid, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)  # re-parented to the test session (a subreaper)
+
+
+def test_faults_during_a_recovery_are_merged_not_lost_nor_doubled(cluster: Cluster) -> None:
+    """Rank 1 fails; while its recovery waits for a decision (the selector is not started yet),
+    rank 0 on the same node and rank 3 on the other node fail too. One recovery takes all three."""
+    job = "job-merge"
+    cluster.coordinator()
+    cluster.agent(job, "node-a", nproc=2, nnodes=2, node_rank=0, strategies="recover-in-place,exit")
+    cluster.agent(job, "node-b", nproc=2, nnodes=2, node_rank=1, strategies="recover-in-place,exit")
+    before = cluster.wait_running(job, 4)
+
+    os.kill(before[1].pid, signal.SIGKILL)
+    first = cluster.wait_for(
+        "the first fault to wait for a decision",
+        lambda: (v := cluster.view(job)).recovery is not None and v.recovery.phase == pb.PHASE_DECIDING and v.recovery,
+    )
+    os.kill(before[0].pid, signal.SIGKILL)  # same node
+    os.kill(before[3].pid, signal.SIGKILL)  # the other node
+    merged = cluster.wait_for(
+        "all three faults in one recovery, deciding again",
+        lambda: (
+            (r := cluster.view(job).recovery) is not None
+            and sorted({f.rank for f in r.faults}) == [0, 1, 3]
+            and r.phase == pb.PHASE_DECIDING
+            and r
+        ),
+    )
+    assert merged.recovery_id == first.recovery_id == 1 and merged.epoch > first.epoch
+
+    cluster.strategy()
+    after = cluster.wait_for(
+        "ranks 0, 1 and 3 restarted",
+        lambda: (
+            (r := cluster.ranks(job))
+            and all(r[k].state == pb.RANK_RUNNING and r[k].restart_count for k in (0, 1, 3))
+            and r
+        ),
+    )
+    assert after[2].pid == before[2].pid and after[2].restart_count == 0
+    view = cluster.wait_for(
+        "the recovery to finish",
+        lambda: (v := cluster.view(job)).recovery.phase == pb.PHASE_DONE and v,  # type: ignore[union-attr]
+    )
+    # Not doubled: one recovery, one outcome, each faulty rank restarted exactly once.
+    assert view.recovery.recovery_id == 1  # type: ignore[union-attr]
+    assert [(o.strategy, sorted(o.ranks), o.ok) for o in view.history.outcomes] == [  # type: ignore[union-attr]
+        ("recover-in-place", [0, 1, 3], True)
+    ]
+    assert all(after[k].restart_count == 1 for k in (0, 1, 3))
+    assert list(view.commands["node-a"].ranks) == [0, 1] and list(view.commands["node-b"].ranks) == [3]
+
+
+def test_kill_master_makes_every_agent_exit_non_zero(cluster: Cluster) -> None:
+    """A rank that fails on every start spends its in-place budget, then the job's exit budget:
+    the job fails (killMaster) and every node's agent exits 1, so the outer scheduler reschedules."""
+    job = "job-killmaster"
+    flags = ("--max-rank-restarts", "1", "--max-job-restarts", "1")
+    worker = ("--steps", "600", "--fail-rank", "3")
+    for node, node_rank in (("node-a", 0), ("node-b", 1)):
+        cluster.agent(
+            job,
+            node,
+            nproc=2,
+            nnodes=2,
+            node_rank=node_rank,
+            strategies="recover-in-place,exit",
+            worker=worker,
+            extra=flags,
+        )
+    cluster.coordinator()
+    cluster.strategy()
+    assert cluster.wait_exit("agent-node-a", timeout=60) == 1
+    assert cluster.wait_exit("agent-node-b", timeout=60) == 1
+    view = cluster.view(job)
+    assert view.status is not None and view.status.state == pb.JOB_FAILED
+    assert [(o.strategy, o.ok) for o in view.history.outcomes][:2] == [("recover-in-place", True), ("exit", True)]  # type: ignore[union-attr]
+    assert "reached the job budget of 1" in view.status.reason

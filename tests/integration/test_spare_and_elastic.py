@@ -19,6 +19,7 @@ from recoverd.records import pb
 
 from . import cluster as harness
 from .cluster import ROOT, Cluster
+from .test_bad_input import _cli
 
 pytestmark = pytest.mark.etcd
 
@@ -161,6 +162,8 @@ def test_elastic_training_shrinks_the_world_then_grows_it_back(
     )
     assert not _alive(before[2].pid), "node-b released rank 2"
     assert cluster.ranks(job)[0].pid == before[0].pid
+    shown = _cli("recoverd.cli.ctl", ["--etcd", cluster.endpoint, "--prefix", cluster.prefix, "status", job]).stdout
+    assert "downgraded: training with 2 of 4 ranks; ranks [2, 3] are isolated until a spare registers" in shown
 
     _start_spare(cluster, job, strategies, worker)
 

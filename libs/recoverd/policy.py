@@ -7,7 +7,7 @@ Format (every key optional; docs/policy.md)::
     budgets:                                # at most `max` uses per `window_s` seconds
       recover-in-place: {max: 3, window_s: 3600}   # counted per rank
       exit: {max: 3, window_s: 600}                # the job's restart budget
-    spares: [node7, node8]                  # spare nodes for `recover` (stored only, for now)
+    spares: [node7, node8]                  # only these --spare agents take ranks (default: any)
     allow_rank0_in_place: true              # may rank 0's node be recovered in place?
 
 :func:`parse_policy` validates the text into a frozen :class:`JobPolicy` and raises

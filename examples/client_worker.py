@@ -21,6 +21,13 @@ the ranks have two roles (MindCluster style: one controller per job):
   the same signals, but it never registers, so nobody waits for it and it does not report. Its
   handlers: ``stop_train`` pauses its loop, ``change_strategy`` resumes it, ``killMaster`` stops it.
 
+Retry and dump (``--offer retry,dump,...``): on ``changeStrategy retry`` every rank rolls back the
+step it last ran and runs it again (no process restarts); on ``changeStrategy dump`` the controller
+saves the last completed step to ``--checkpoint-dir``, and after the restart that follows
+(dump_exit) every rank resumes from it. ``--fault-at-step N`` makes the controller report a fault of
+``--fault-type`` (default ``0``, an uncorrectable memory error: retryable) for itself at step N of
+its first run, the way a device-fault handler in a real job would.
+
 Elastic training: on ``changeStrategy downgrade`` every rank drops the fault ranks from its world
 (the job goes on with fewer data-parallel replicas), on ``changeStrategy upgrade`` it takes them
 back; each step prints the world size it ran with (``rank 0 step 12 world 2``).
@@ -43,6 +50,7 @@ Environment, set by the agent: ``RANK``, ``RECOVERD_ETCD``, ``RECOVERD_JOB``, ``
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -51,6 +59,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 
 from recoverd.codes import Code
@@ -127,6 +136,34 @@ class World:
             return self._out != before
 
 
+class Progress:
+    """The last step this rank completed, read by the dump handler on the client's thread."""
+
+    def __init__(self, step: int = -1) -> None:
+        self._lock = threading.Lock()
+        self._step = step
+
+    @property
+    def step(self) -> int:
+        with self._lock:
+            return self._step
+
+    def done(self, step: int) -> None:
+        with self._lock:
+            self._step = step
+
+
+def checkpoint_path(directory: str) -> Path:
+    return Path(directory) / "checkpoint.json"
+
+
+def load_checkpoint(directory: str | None) -> int:
+    """The step to start at: one after the saved step, or 0."""
+    if not directory or not checkpoint_path(directory).exists():
+        return 0
+    return int(json.loads(checkpoint_path(directory).read_text())["step"]) + 1
+
+
 class TrainingGate:
     """The training loop's brake, worked by the signal handlers from the client's thread.
 
@@ -139,6 +176,17 @@ class TrainingGate:
         self._paused = False
         self._parked = False  # the loop is outside a step: held at a pause, or finished
         self._exit_code: int | None = None
+        self._retry = False
+
+    def request_retry(self) -> None:
+        """Roll back: the loop runs its last completed step again before going on."""
+        with self._cond:
+            self._retry = True
+
+    def take_retry(self) -> bool:
+        with self._cond:
+            retry, self._retry = self._retry, False
+            return retry
 
     def pause(self, timeout_s: float | None = None) -> bool:
         """Hold the loop at its next step boundary; with a timeout, True once it is held there."""
@@ -188,6 +236,8 @@ def follower_handlers(rank: int, gate: TrainingGate, world: World) -> dict[str, 
 
     def change_strategy(fault_ranks: dict[int, int], signal: pb.ProcessManageSignal) -> None:
         # A real job would rebuild its communicators here before going on.
+        if signal.changeStrategy == "retry":
+            gate.request_retry()
         if world.change(signal.changeStrategy, sorted(fault_ranks)):
             say(rank, f"world {world.size}: {signal.changeStrategy} of ranks {sorted(fault_ranks)}")
         resumed = gate.resume()
@@ -215,6 +265,8 @@ def controller_handlers(
     manager: DLRecoverManager,
     stop_timeout_s: float,
     offer: Sequence[str] = ("exit",),
+    progress: Progress | None = None,
+    checkpoint_dir: str | None = None,
 ) -> dict[str, Handler]:
     """The follower's handlers plus the controller's answers, one per phase of the recovery."""
     handlers = follower_handlers(rank, gate, world)
@@ -231,11 +283,30 @@ def controller_handlers(
         say(rank, f"globalFault for {fault_ranks}: offered {list(offer)}, answered {answer}")
 
     def change_strategy(fault_ranks: dict[int, int], signal: pb.ProcessManageSignal) -> None:
-        answer = manager.report_recover_status(0, "", fault_ranks, signal.changeStrategy)
-        say(rank, f"recover status 0 for {signal.changeStrategy} answered {answer}")
+        code, message = 0, ""
+        if signal.changeStrategy == "dump":
+            code, message = save_checkpoint(rank, checkpoint_dir, progress)
+        answer = manager.report_recover_status(code, message, fault_ranks, signal.changeStrategy)
+        say(rank, f"recover status {code} for {signal.changeStrategy} answered {answer}")
         resume(fault_ranks, signal)
 
     return {**handlers, "stop_train": stop_train, "on_global_rank": on_global_rank, "change_strategy": change_strategy}
+
+
+def save_checkpoint(rank: int, directory: str | None, progress: Progress | None) -> tuple[int, str]:
+    """The dying-gasp checkpoint: the last completed step. (code, message) for the recover status."""
+    if not directory or progress is None:
+        return Code.DUMP_ERROR, "no --checkpoint-dir to save to"
+    try:
+        path = checkpoint_path(directory)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"step": progress.step}))
+        os.replace(tmp, path)
+    except OSError as err:
+        return Code.DUMP_ERROR, f"checkpoint not saved: {err}"
+    say(rank, f"dump: saved step {progress.step} to {path}")
+    return 0, ""
 
 
 # ---------------------------------------------------------------------- the client thread
@@ -261,13 +332,19 @@ def serve_as_observer(manager: DLRecoverManager, rank: int) -> None:
 
 
 def start_client(
-    me: RankEnv, gate: TrainingGate, world: World, stop_timeout_s: float, offer: Sequence[str] = ("exit",)
+    me: RankEnv,
+    gate: TrainingGate,
+    world: World,
+    stop_timeout_s: float,
+    offer: Sequence[str] = ("exit",),
+    progress: Progress | None = None,
+    checkpoint_dir: str | None = None,
 ) -> tuple[DLRecoverManager, threading.Thread]:
     """This rank's DLRecoverManager, serving on a daemon thread (handlers run on that thread)."""
     role = "controller" if me.is_controller else "observer"
     manager = DLRecoverManager(pb.ClientInfo(jobId=me.job, role=role), me.server_addr, prefix=me.prefix)
     if me.is_controller:
-        handlers = controller_handlers(me.rank, gate, world, manager, stop_timeout_s, offer)
+        handlers = controller_handlers(me.rank, gate, world, manager, stop_timeout_s, offer, progress, checkpoint_dir)
         serve = serve_as_controller
     else:
         handlers = follower_handlers(me.rank, gate, world)
@@ -290,14 +367,32 @@ def start_client(
 # ---------------------------------------------------------------------- training
 
 
-def train(rank: int, steps: int, step_time: float, gate: TrainingGate, world: World) -> int:
-    for step in range(steps):
+def train(
+    rank: int,
+    steps: int,
+    step_time: float,
+    gate: TrainingGate,
+    world: World,
+    progress: Progress,
+    start: int = 0,
+    fault_at: tuple[int, Callable[[], None]] | None = None,
+) -> int:
+    step = start
+    while step < steps:
         exit_code = gate.between_steps()
         if exit_code is not None:
             say(rank, f"stopped before step {step}, exit {exit_code}")
             return exit_code
+        if gate.take_retry() and step > start:
+            step -= 1
+            say(rank, f"step {step} rolled back: running it again (retry)")
+        if fault_at is not None and fault_at[0] == step:
+            fault_at[1]()
+            fault_at = None
         time.sleep(step_time)
         print(f"rank {rank} step {step} world {world.size}", flush=True)
+        progress.done(step)
+        step += 1
     gate.finish()
     print(f"rank {rank} done", flush=True)
     return 0
@@ -317,6 +412,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=("exit",),
         help="strategies the controller reports it supports (comma-separated; default: exit)",
     )
+    parser.add_argument("--checkpoint-dir", default=None, help="where a dump saves, and where a restart resumes from")
+    parser.add_argument("--fault-at-step", type=int, default=None, help="the controller reports a fault at this step")
+    parser.add_argument("--fault-type", default="0", choices=("0", "1", "2"), help="its fault type (default 0: UCE)")
     return parser.parse_args(argv)
 
 
@@ -334,9 +432,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(me.rank, f"the replacement (restart {me.restart}) starts")
     gate = TrainingGate()
     world = World(int(os.environ.get("WORLD_SIZE", "1")))
-    manager, thread = start_client(me, gate, world, stop_timeout_s=max(1.0, 2 * args.step_time), offer=args.offer)
+    start = load_checkpoint(args.checkpoint_dir)
+    if start:
+        say(me.rank, f"resumed from the checkpoint: starting at step {start}")
+    progress = Progress(start - 1)
+    manager, thread = start_client(
+        me, gate, world, max(1.0, 2 * args.step_time), args.offer, progress, args.checkpoint_dir
+    )
+    fault_at = None
+    if args.fault_at_step is not None and me.is_controller and not me.restart:
+        fault_type = int(args.fault_type)
+
+        def report() -> None:
+            code = manager.report_process_fault({me.rank: fault_type})
+            say(me.rank, f"fault type {fault_type} at step {args.fault_at_step} reported: {code}")
+
+        fault_at = (args.fault_at_step, report)
     try:
-        return train(me.rank, args.steps, args.step_time, gate, world)
+        return train(me.rank, args.steps, args.step_time, gate, world, progress, start, fault_at)
     finally:
         manager.close()  # deregisters the controller: the agents answer for the job from now on
         thread.join(CLOSE_JOIN_S)

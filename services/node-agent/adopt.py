@@ -134,6 +134,9 @@ def zombie_exit_status(pid: int) -> ExitInfo | None:
 class AdoptRuntime(Launcher):
     """Adopts the captured processes as generation 0; restarts them as children of the agent."""
 
+    #: Only the captured ranks can be restarted (their own command lines): nothing moves here.
+    starts_any_rank = False
+
     def __init__(
         self,
         on_exit: OnExit,

@@ -64,7 +64,8 @@ __all__ = ["AgentSettings", "NodeAgent", "become_subreaper"]
 
 log = logging.getLogger(__name__)
 
-#: What an agent can do for ranks that run no client.
+#: What an agent can do for ranks that run no client (`recover` only where its runtime can start
+#: any rank: not under msrun or for adopted processes).
 AGENT_STRATEGIES = ("recover-in-place", "recover", "exit")
 
 EXIT_SUCCEEDED = 0
@@ -781,7 +782,9 @@ class NodeAgent:
             report.kind = pb.REPORT_STOP_COMPLETE
         elif recovery.phase == pb.PHASE_GLOBAL_FAULT:
             report.kind = pb.REPORT_STRATEGIES
-            report.strategies.extend(AGENT_STRATEGIES)
+            assert self._launcher is not None
+            movable = self._launcher.starts_any_rank
+            report.strategies.extend(s for s in AGENT_STRATEGIES if movable or s != "recover")
         elif recovery.phase == pb.PHASE_RECOVERING:
             mine = command is not None and command.epoch == recovery.epoch
             if mine and self._last_applied < (command.epoch, command.seq):  # type: ignore[union-attr]

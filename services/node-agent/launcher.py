@@ -105,6 +105,10 @@ def read_tail(path: str | None, limit: int = 2048) -> str:
 class Launcher:
     """Owns the rank processes of one agent. ``on_exit(proc, info)`` is called once per exit."""
 
+    #: Any rank can be started here from the job's command: this node can take ranks moved from
+    #: another node (`recover` to a spare).
+    starts_any_rank = True
+
     def __init__(
         self,
         on_exit: Callable[[RankProcess, ExitInfo], None],

@@ -70,6 +70,9 @@ class MsrunLayout:
 class MsrunRuntime:
     """A :class:`~recoverd.agent.runtime.RankRuntime` over msrun's callbacks."""
 
+    #: msrun starts only its own node's workers.
+    starts_any_rank = False
+
     def __init__(
         self,
         callbacks: Mapping[str, Callable[..., Any]],

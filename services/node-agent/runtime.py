@@ -19,6 +19,9 @@ OnExit = Callable[[RankProcess, ExitInfo], None]
 
 
 class RankRuntime(Protocol):
+    #: Whether ranks of other nodes can be started here (a `recover` moves ranks to a spare).
+    starts_any_rank: bool
+
     @property
     def processes(self) -> frozenset[RankProcess]:
         """The incarnations still running."""

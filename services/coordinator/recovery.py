@@ -129,7 +129,7 @@ PROCESS_NOT_READY = 404
 
 #: Recover-status codes (contract section 3) and what else each rules out: 405 (retry failed,
 #: recoverable) only the strategy itself; 406 (unrecoverable) leaves dump or exit; 499 (client
-#: error) and 201 (isolate ranks: scale-in, not built) leave only exit.
+#: error) and 201 (isolate ranks; as upstream's client sends it, with no ranks: exit) leave only exit.
 _RULED_OUT_BY_CODE: dict[int, tuple[str, ...]] = {
     406: ("retry", "recover-in-place", "recover", "elastic-training"),
     499: CHEAPER_THAN_EXIT,

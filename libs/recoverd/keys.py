@@ -21,9 +21,11 @@ Layout under the versioned prefix (default ``/recoverd/v1``)::
     jobs/<job>/runs/<uid>/acks/<node>          CommandAck    agent
     jobs/<job>/runs/<uid>/signals/<seq>        Signal        coordinator
     events/<job>/<uid>/<event_id>              Event         every service (capped per job)
+    rendezvous/<job>/<uid>/<key>               (raw bytes)   the job's ranks (taskd_client.pytorch's store)
 
 Events live outside ``jobs/`` so that writing one never wakes the reconcilers watching ``jobs/``
-nor conflicts with the coordinator's fenced transactions over a run's keys.
+nor conflicts with the coordinator's fenced transactions over a run's keys. So does the ranks'
+rendezvous store (torch.distributed's key-value store, hosted in etcd so it survives any rank).
 """
 
 from __future__ import annotations
@@ -210,6 +212,14 @@ class Keyspace:
 
     def event(self, run: RunRef, event_id: str) -> str:
         return f"{self.events_prefix(run)}{check_id('event', event_id)}"
+
+    # ---------------------------------------------------------------- the ranks' rendezvous store
+    def rendezvous_prefix(self, run: RunRef) -> str:
+        """Keys of torch.distributed's store for one run; below it the store's own key names."""
+        return f"{self.prefix}/rendezvous/{check_id('job', run.job)}/{check_id('run', run.uid)}/"
+
+    def job_rendezvous_prefix(self, job: str) -> str:
+        return f"{self.prefix}/rendezvous/{check_id('job', job)}/"
 
     # ---------------------------------------------------------------- parsing
     def job_of(self, key: str | bytes) -> str | None:

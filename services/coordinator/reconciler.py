@@ -276,7 +276,13 @@ class Coordinator:
             if now - finished >= self.settings.retention_s:
                 # The whole job goes: its record, every run's keys and its events.
                 await self._commit(
-                    view, [DeletePrefix(self.keys.job_prefix(job)), DeletePrefix(self.keys.job_events_prefix(job))], []
+                    view,
+                    [
+                        DeletePrefix(self.keys.job_prefix(job)),
+                        DeletePrefix(self.keys.job_events_prefix(job)),
+                        DeletePrefix(self.keys.job_rendezvous_prefix(job)),
+                    ],
+                    [],
                 )
                 log.info("removed finished job %s (run %s) after the retention period", job, run.uid)
             else:

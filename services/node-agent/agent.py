@@ -351,7 +351,11 @@ class NodeAgent:
                 # A finished or abandoned run of this name: replaced, its keys removed.
                 if self.settings.spare:
                     raise JobSpecMismatch(f"a spare joins a running job, and job {job} has no live run")
-                ops += [DeletePrefix(self.keys.run_prefix(view.run)), DeletePrefix(self.keys.events_prefix(view.run))]
+                ops += [
+                    DeletePrefix(self.keys.run_prefix(view.run)),
+                    DeletePrefix(self.keys.events_prefix(view.run)),
+                    DeletePrefix(self.keys.rendezvous_prefix(view.run)),
+                ]
             if self.settings.spare:
                 raise JobSpecMismatch(f"a spare joins a running job, and job {job} has no live run")
             new = self._desired_spec()

@@ -1,0 +1,21 @@
+"""PyTorch integration: data-parallel training whose survivors stay alive when a peer dies.
+
+``ResilientTrainer`` (trainer.py) is what a script uses; ``ResilientGroup`` (group.py) is the gloo
+process group with abortable collectives and numbered generations; ``EtcdStore`` (store.py) is
+torch.distributed's key-value store kept in recoverd's etcd. Needs ``torch`` (requirements-torch.txt).
+See docs/pytorch.md.
+"""
+
+from taskd_client.pytorch.group import GroupFailed, ResilientGroup
+from taskd_client.pytorch.store import EtcdStore, GenerationAborted
+from taskd_client.pytorch.trainer import RankEnv, ResilientTrainer, RetryableFault
+
+__all__ = [
+    "EtcdStore",
+    "GenerationAborted",
+    "GroupFailed",
+    "RankEnv",
+    "ResilientGroup",
+    "ResilientTrainer",
+    "RetryableFault",
+]

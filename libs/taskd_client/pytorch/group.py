@@ -25,6 +25,7 @@ import os
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -41,10 +42,15 @@ class GroupFailed(RuntimeError):
     """A collective of the current generation failed or was aborted; form the next generation."""
 
 
+#: A gloo backend. torch's stubs declare the collectives on ProcessGroup only; gloo's Backend has
+#: them at run time (allreduce, broadcast, allgather), so it is typed loosely here.
+GlooGroup = Any
+
+
 @dataclass(slots=True)
 class _Generation:
     number: int
-    pg: dist.ProcessGroupGloo
+    pg: GlooGroup
 
 
 class ResilientGroup:
@@ -67,7 +73,7 @@ class ResilientGroup:
         self.timeout = timeout
         self._current: _Generation | None = None
         #: Failed groups, kept alive: destroying one whose thread is blocked would block us.
-        self._parked: list[dist.ProcessGroupGloo] = []
+        self._parked: list[GlooGroup] = []
         self._forming = -1
         store.interrupted = self._interrupted
 
@@ -123,7 +129,7 @@ class ResilientGroup:
             return number
 
     # ------------------------------------------------------------------ collectives
-    def _pg(self) -> dist.ProcessGroupGloo:
+    def _pg(self) -> GlooGroup:
         if self._current is None:
             raise GroupFailed("no process group: form() first")
         return self._current.pg

@@ -137,14 +137,26 @@ def lost_node_faults(view: JobView, now: float) -> list[FaultInfo]:
 
 
 def job_layout(view: JobView) -> Layout:
-    """Where the ranks run, which agents are alive and which spares are idle, as the view shows."""
+    """Where the ranks run, which agents are alive, which spares are idle and which live node is
+    the home of each node rank, as the view shows."""
+    assert view.spec is not None
     return Layout(
         placement=tuple(
             (node, tuple(sorted(r.rank for r in table.ranks))) for node, table in sorted(view.ranks.items())
         ),
         live=frozenset(view.nodes),
         spares=idle_spares(view),
+        homes=tuple(sorted((record.node_rank, node) for node, record in view.nodes.items() if record.node_rank >= 0)),
+        world_size=view.spec.world_size,
+        nproc_per_node=view.spec.nproc_per_node,
     )
+
+
+def job_nodes(view: JobView) -> tuple[str, ...]:
+    """The nodes an `exit` restarts: every live agent's, and every dead one's that still holds ranks
+    (its command then goes unconfirmed, and the exit fails rather than lose those ranks)."""
+    holding = {node for node, table in view.ranks.items() if table.ranks}
+    return tuple(sorted(set(view.nodes) | holding))
 
 
 def live_participants(view: JobView) -> frozenset[str]:
@@ -368,8 +380,11 @@ class Coordinator:
                 )
 
         # 4. The selector's decision.
-        nodes = tuple(sorted(set(view.ranks) | set(view.nodes)))
+        nodes = job_nodes(view)
         layout = job_layout(view)
+        for node, table in view.ranks.items():
+            if node not in view.nodes and not table.ranks:
+                ops.append(Delete(self.keys.ranks(run, node)))  # a dead agent that held nothing
         if rec.phase is Phase.DECIDING and rec.epoch in view.decisions:
             decision = view.decisions[rec.epoch]
             moves = tuple((m.from_node, m.to_node) for m in decision.moves)
@@ -384,7 +399,7 @@ class Coordinator:
             apply(DeadlinePassed(rec.epoch, nodes, layout))
 
         # 5b. Capacity is back while ranks are isolated by a downgrade: scale out again.
-        if rec.phase is Phase.DONE and rec.isolated and layout.spares:
+        if rec.phase is Phase.DONE and rec.isolated and layout.spares and not self._all_succeeded(view, rec):
             apply(CapacityReturned(layout))
 
         # 6. The end of the job: every rank of every node exited 0 and nothing is being recovered.
@@ -478,12 +493,7 @@ class Coordinator:
                 )
                 history_changed = True
             elif isinstance(effect, ForgetNode):
-                for key in (
-                    self.keys.ranks(run, effect.node),
-                    self.keys.command(run, effect.node),
-                    self.keys.ack(run, effect.node),
-                ):
-                    ops.append(Delete(key))
+                ops.append(Delete(self.keys.ranks(run, effect.node)))
                 note("node_forgotten", f"lost node {effect.node}: its rank table is removed", node=effect.node)
             elif isinstance(effect, FinishJob):
                 status = pb.JobStatus(
@@ -509,8 +519,18 @@ class Coordinator:
             ModRevisionAtMost(self.keys.job_prefix(view.spec.name), view.revision, is_prefix=True),
         ]
         prefixes = [op.prefix for op in ops if isinstance(op, DeletePrefix)]
-        # etcd refuses a transaction that touches one key twice: drop deletes a prefix delete covers.
-        ops = [op for op in ops if not (isinstance(op, Delete) and any(op.key.startswith(p) for p in prefixes))]
+        written = {op.key for op in ops if isinstance(op, Put)}
+        # etcd refuses a transaction that touches one key twice: drop deletes that a prefix delete
+        # covers or that a put of the same key supersedes, and repeated deletes.
+        kept: list[Op] = []
+        deleted: set[str] = set()
+        for op in ops:
+            if isinstance(op, Delete):
+                if op.key in written or op.key in deleted or any(op.key.startswith(p) for p in prefixes):
+                    continue
+                deleted.add(op.key)
+            kept.append(op)
+        ops = kept
         result = await self.store.txn(fence, [*ops, *ev])
         if result.succeeded:
             return

@@ -233,9 +233,22 @@ class Layout:
     live: frozenset[str] = frozenset()
     #: Live spare nodes holding no ranks, in the order to use them.
     spares: tuple[str, ...] = ()
+    #: node rank -> the live (non-spare) node registered with it: where a homeless rank belongs.
+    homes: tuple[tuple[int, str], ...] = ()
+    world_size: int = 0
+    nproc_per_node: int = 0
 
     def ranks_on(self, node: str) -> tuple[int, ...]:
         return next((ranks for name, ranks in self.placement if name == node), ())
+
+    def where(self) -> dict[int, str]:
+        """rank -> the node whose rank table holds it (a live node's table wins over a dead one's)."""
+        placed: dict[int, str] = {}
+        for live_first in (False, True):
+            for node, ranks in self.placement:
+                if (node in self.live) == live_first:
+                    placed.update(dict.fromkeys(ranks, node))
+        return placed
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,8 +375,9 @@ class FinishJob:
 
 @dataclass(frozen=True, slots=True)
 class ForgetNode:
-    """A lost node's ranks run elsewhere now (or are isolated): remove its rank table and command,
-    so its last rank states are not read as running ranks (lost-node faults) again."""
+    """A lost node's ranks run elsewhere now (or are isolated): remove its rank table, so its last
+    rank states are not read as running ranks (lost-node faults) again. (A RELEASE_RANKS command
+    is left for its agent, should it come back.)"""
 
     node: str
 
@@ -714,6 +728,8 @@ def _decided(
     if event.strategy in NODE_WIDE:
         rec = _expand_to_nodes(rec, layout, now)
     plan = _command_plan(rec, event, layout)
+    if plan.fail:
+        return _fail_job(dataclasses.replace(rec, decision_reasons=event.reasons), now, timeouts, plan.fail)
     # A forgotten (lost) node is no longer the job's: a later exit must not wait for its agent.
     job_nodes = tuple(sorted((set(rec.job_nodes) | set(event.nodes)) - set(plan.forget)))
     seq = rec.command_seq
@@ -735,7 +751,8 @@ def _decided(
         job_nodes=job_nodes,
         isolated=plan.isolated,
     )
-    new = dataclasses.replace(new, command_nodes=frozenset(c.node for c in commands if isinstance(c, SendCommand)))
+    awaited = frozenset(c.node for c in commands if isinstance(c, SendCommand)) - set(plan.forget)
+    new = dataclasses.replace(new, command_nodes=awaited)
     return new, [
         EmitEvent("strategy_decided", f"{event.strategy} for ranks {list(new.fault_ranks)}: {reasons}"),
         PublishSignal("changeStrategy", ("change_strategy", *actions), _fault_wire(new), change, extra),
@@ -746,35 +763,53 @@ def _decided(
 
 @dataclass(frozen=True, slots=True)
 class _Plan:
-    """What a decided strategy asks of the agents: (node, action, ranks) commands, lost nodes whose
-    rank tables are forgotten, and the ranks isolated afterwards."""
+    """What a decided strategy asks of the agents: (node, action, ranks) commands; lost nodes whose
+    rank tables are forgotten (their RELEASE_RANKS is written but not awaited); the ranks isolated
+    afterwards; and, when the strategy cannot be carried out at all, why (the job fails)."""
 
     commands: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
     forget: tuple[str, ...] = ()
     isolated: tuple[tuple[int, str], ...] = ()
+    fail: str = ""
 
 
 def _command_plan(rec: Recovery, event: DecisionMade, layout: Layout) -> _Plan:
+    # Fault ranks by the node that holds them now (a rank `recover` moved is on the spare), else
+    # by the node the fault named.
+    where = layout.where() if event.layout is not None else {}
     by_node: dict[str, set[int]] = {}
     for fault in rec.faults:
-        by_node.setdefault(fault.node, set()).add(fault.rank)
-    # Without a layout (older callers, tests of the table) every node counts as alive.
-    live = (
-        layout.live
-        if event.layout is not None
-        else frozenset(by_node) | frozenset(event.nodes) | frozenset(n for _, n in rec.isolated)
-    )
+        by_node.setdefault(where.get(fault.rank, fault.node), set()).add(fault.rank)
+    by_node.pop("", None)  # a rank on no known node: nothing to command
+    # Without a layout (tests of the table, dump_exit's round) the nodes named are taken as alive;
+    # an isolated node is not assumed back.
+    live = layout.live if event.layout is not None else frozenset(by_node) | frozenset(event.nodes)
+    isolated_ranks = {r for r, _ in rec.isolated}
     strategy = event.strategy
     if strategy == "exit":
+        back: dict[str, set[int]] = {}
         # Ranks isolated by a downgrade come back on their own node if its agent is still there.
-        back: dict[str, list[int]] = {}
         for rank, node in rec.isolated:
             if node in live:
-                back.setdefault(node, []).append(rank)
+                back.setdefault(node, set()).add(rank)
+        # Ranks held by no rank table (their spare died before starting them) go home.
+        homeless: list[int] = []
+        if event.layout is not None and layout.world_size and layout.nproc_per_node:
+            homes = dict(layout.homes)
+            for rank in range(layout.world_size):
+                if rank in where or rank in isolated_ranks:
+                    continue
+                home = homes.get(rank // layout.nproc_per_node)
+                if home is None:
+                    homeless.append(rank)
+                else:
+                    back.setdefault(home, set()).add(rank)
+        if homeless:
+            return _Plan(fail=f"exit cannot restart ranks {homeless}: no live node holds them or is their home")
         nodes = sorted(set(event.nodes) | set(by_node) | set(back))
         return _Plan(
             commands=tuple((n, "RESTART_ALL", tuple(sorted(back.get(n, ())))) for n in nodes),
-            isolated=tuple((r, n) for r, n in rec.isolated if n not in live),
+            isolated=tuple((r, n) for r, n in rec.isolated if n not in back or r not in back[n]),
         )
     if strategy == "recover-in-place":
         return _Plan(
@@ -788,16 +823,17 @@ def _command_plan(rec: Recovery, event: DecisionMade, layout: Layout) -> _Plan:
         for node in sorted(by_node):
             ranks = tuple(sorted(by_node[node]))
             spare = targets.get(node)
-            if spare:
-                commands.append((spare, "START_RANKS", ranks))
-            if node in live:
-                commands.append((node, "RELEASE_RANKS", ranks))
-            else:
+            if not spare or (event.layout is not None and spare not in layout.live):
+                return _Plan(fail=f"recover has no live spare for node {node}")
+            commands.append((spare, "START_RANKS", ranks))
+            # The faulty node gives its ranks up; a lost one is told so should its agent come back.
+            commands.append((node, "RELEASE_RANKS", ranks))
+            if node not in live:
                 forget.append(node)
         return _Plan(tuple(commands), tuple(forget), rec.isolated)
     if strategy == "elastic-training":
-        commands = [(n, "RELEASE_RANKS", tuple(sorted(by_node[n]))) for n in sorted(by_node) if n in live]
-        dropped = tuple((r, n) for n in sorted(by_node) for r in sorted(by_node[n]))
+        commands = [(n, "RELEASE_RANKS", tuple(sorted(by_node[n]))) for n in sorted(by_node)]
+        dropped = tuple((r, n) for n in sorted(by_node) for r in sorted(by_node[n]) if r not in isolated_ranks)
         forget = [n for n in sorted(by_node) if n not in live]
         return _Plan(tuple(commands), tuple(forget), (*rec.isolated, *dropped))
     # retry and dump are carried out by the job itself: no command.

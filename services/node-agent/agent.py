@@ -45,7 +45,7 @@ from recoverd.agent.launcher import ExitInfo, Launcher, RankLaunch, RankProcess,
 from recoverd.agent.runtime import RankRuntime, RuntimeFactory
 from recoverd.errors import BadRecord, ConfigError, EtcdUnavailable, JobSpecMismatch, LaunchFailed, RecoverdError
 from recoverd.filewatch import watch_file
-from recoverd.jobview import read_job
+from recoverd.jobview import JobView, read_job
 from recoverd.keys import Keyspace, RunRef
 from recoverd.records import decode, encode, pb, ts_from_s
 from recoverd.resetjson import ResetState
@@ -194,6 +194,8 @@ class NodeAgent:
         self._exit_code: asyncio.Future[int] | None = None
         self._mirrored: ResetState | None = None
         self._record_stale = False
+        #: epoch -> why this node could not carry out that epoch's command (reported as code 1).
+        self._failed_commands: dict[int, str] = {}
         resetfile.check_paths(settings.reset_json, settings.reset_json_mirror)
 
     # ---------------------------------------------------------------- lifecycle
@@ -344,6 +346,7 @@ class NodeAgent:
                     ]
                     if (await self.store.txn(compare, ops)).succeeded:
                         self.spec, self.run_ref = spec, run
+                        self._drop_ranks_held_elsewhere(view)
                         await self._load_last_applied(run)
                         log.info("node %s joined job %s (run %s)", self.settings.node, job, run.uid)
                         return
@@ -377,6 +380,26 @@ class NodeAgent:
                 self.spec, self.run_ref = new, run
                 log.info("node %s created job %s (run %s)", self.settings.node, job, run.uid)
                 return
+
+    def _drop_ranks_held_elsewhere(self, view: JobView) -> None:
+        """A node joining a live run does not start ranks that a downgrade isolated or that another
+        live node runs now (a `recover` moved them): they are not this node's any more."""
+        isolated = {p.rank for p in view.recovery.isolated} if view.recovery is not None else set()
+        elsewhere = {
+            r.rank
+            for node, table in view.ranks.items()
+            if node != self.settings.node and node in view.nodes
+            for r in table.ranks
+            if r.state in (pb.RANK_RUNNING, pb.RANK_PENDING)
+        }
+        for rank in sorted(set(self.slots) & (isolated | elsewhere)):
+            del self.slots[rank]
+            log.warning(
+                "node %s: rank %d is %s; not starting it",
+                self.settings.node,
+                rank,
+                "isolated by a downgrade" if rank in isolated else "running on another node",
+            )
 
     async def _load_last_applied(self, run: RunRef) -> None:
         """A restarted agent joining a live run must not apply its node's last command again."""
@@ -575,10 +598,34 @@ class NodeAgent:
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, self.settings.retry_max_s)
 
+    async def _wait_released_elsewhere(self, ranks: Sequence[int]) -> str:
+        """Before starting ranks moved here, wait until no other live node still runs them (the
+        faulty node releases them in parallel); "" when free, else why not (the move fails)."""
+        assert self.run_ref is not None
+        deadline = time.monotonic() + 2 * self.settings.stop_grace_s + 5.0
+        while True:
+            view = await read_job(self.store, self.keys, self.settings.job)
+            busy = sorted(
+                {
+                    r.rank
+                    for node, table in view.ranks.items()
+                    if node != self.settings.node and node in view.nodes
+                    for r in table.ranks
+                    if r.rank in ranks and r.state in (pb.RANK_RUNNING, pb.RANK_PENDING)
+                }
+            )
+            if not busy:
+                return ""
+            if time.monotonic() >= deadline:
+                return f"ranks {busy} still run on another node"
+            await asyncio.sleep(0.02)
+
     async def _register_again(self) -> None:
         """Rewrite this node's record (its ranks changed) under the current lease; a failed write
         is retried by the next reconcile (``_record_stale`` stays set)."""
         assert self.run_ref is not None and self._lease is not None
+        if self._lease.lost.is_set():
+            return  # _keep_registered writes the current record under the new lease
         await self.store.put(
             self.keys.node(self.run_ref, self.settings.node), encode(self._node_record()), lease=self._lease.id
         )
@@ -715,16 +762,24 @@ class NodeAgent:
         """Apply one command exactly once: (epoch, seq) above the last applied one."""
         assert self.run_ref is not None
         action = command.action
+        ranks = sorted({r for r in command.ranks if 0 <= r < self.settings.world_size})
         held_before = sorted(self.slots)
-        if action in (pb.ACTION_START_RANKS, pb.ACTION_RESTART_ALL):
-            # START_RANKS: ranks moved here; RESTART_ALL's ranks: ranks isolated by a downgrade, taken back.
-            for rank in command.ranks:
-                if 0 <= rank < self.settings.world_size and rank not in self.slots:
+        problem = ""
+        if action == pb.ACTION_START_RANKS:
+            problem = await self._wait_released_elsewhere(ranks)
+        if action == pb.ACTION_RESTART_RANKS and not set(ranks) <= set(self.slots):
+            problem = f"ranks {sorted(set(ranks) - set(self.slots))} are not on this node"
+        if action in (pb.ACTION_START_RANKS, pb.ACTION_RESTART_ALL) and not problem:
+            # START_RANKS: ranks moved here; RESTART_ALL's ranks: ranks this node takes back.
+            for rank in ranks:
+                if rank not in self.slots:
                     self.slots[rank] = RankSlot(rank, rank % self.settings.nproc_per_node)
-        if action == pb.ACTION_RESTART_ALL:
+        if problem:
+            targets: list[RankSlot] = []
+        elif action == pb.ACTION_RESTART_ALL:
             targets = list(self.slots.values())
         else:
-            targets = [self.slots[r] for r in command.ranks if r in self.slots]
+            targets = [self.slots[r] for r in ranks if r in self.slots]
         await self._stop_ranks(targets)
         if action == pb.ACTION_RELEASE_RANKS:
             for slot in targets:
@@ -737,12 +792,17 @@ class NodeAgent:
             self.is_spare = self.is_spare and not self.slots
             self._record_stale = True
         self._last_applied = (command.epoch, command.seq)
-        ok = all(s.state == pb.RANK_RUNNING for s in targets) or action in (pb.ACTION_STOP_ALL, pb.ACTION_RELEASE_RANKS)
+        ok = not problem and (
+            all(s.state == pb.RANK_RUNNING for s in targets) or action in (pb.ACTION_STOP_ALL, pb.ACTION_RELEASE_RANKS)
+        )
+        if problem:
+            self._failed_commands[command.epoch] = problem
+            log.error("agent %s: %s: %s", self.settings.node, pb.CommandAction.Name(action), problem)
         ack = pb.CommandAck(
             epoch=command.epoch,
             seq=command.seq,
             ok=ok,
-            detail=f"{pb.CommandAction.Name(command.action)} ranks {[s.rank for s in targets]}",
+            detail=problem or f"{pb.CommandAction.Name(command.action)} ranks {[s.rank for s in targets]}",
             done_at=ts_from_s(time.time()),
             pids=[s.proc.pid for s in targets if s.proc is not None] if action != pb.ACTION_RELEASE_RANKS else [],
         )
@@ -796,8 +856,9 @@ class NodeAgent:
             report.kind = pb.REPORT_RECOVER_STATUS
             report.strategy = recovery.strategy
             failed = [s.rank for s in self.slots.values() if s.state == pb.RANK_FAILED]
-            report.code = 0 if not (mine and failed) else 1
-            report.message = "" if report.code == 0 else f"ranks {failed} failed to restart"
+            problem = self._failed_commands.get(recovery.epoch, "") if mine else ""
+            report.code = 0 if not (mine and (failed or problem)) else 1
+            report.message = "" if report.code == 0 else problem or f"ranks {failed} failed to restart"
         else:
             return
         kind = pb.ReportKind.Name(report.kind).removeprefix("REPORT_").lower()

@@ -11,7 +11,8 @@ MindCluster's ``chooseStrategy`` (reference/mindcluster-contract.md section 6):
 * ``retry``, ``recover``, ``elastic-training`` and ``dump`` need every participant to have reported
   them (elastic-training: the job must say it can continue with fewer data-parallel replicas);
 * ``recover`` needs an idle spare node for each faulty node (``Request.spares``); the decision
-  names the moves (faulty node -> spare), every rank of a faulty node moving with it;
+  names the moves (faulty node -> spare), every rank of a faulty node moving with it. Rank 0's node
+  is never moved (its host is the job's MASTER_ADDR), as a downgrade never drops it;
   a strategy must be in the policy's allowed list, and ``exit`` is always available;
 * the fallback chains: a strategy that already failed in this recovery is skipped; after a failed
   ``retry`` the ladder continues with recover-in-place; after a failed recover-in-place, recover or
@@ -203,6 +204,10 @@ def _rule_out(strategy: str, request: Request, allowed: Sequence[str], implement
     if strategy == "recover-in-place" and not policy.allow_rank0_in_place and _rank0_node_faulty(request):
         where = f" ({request.rank0_node})" if request.rank0_node else ""
         return f"rank 0's node{where} has a fault and the policy says allow_rank0_in_place: false"
+    if strategy == "recover" and _rank0_node_faulty(request):
+        return "rank 0's node has a fault, and rank 0's node is the job's MASTER_ADDR: it is never moved"
+    if strategy in ("recover", "elastic-training") and request.unplaced_ranks:
+        return f"the node of rank(s) {list(request.unplaced_ranks)} is unknown: nothing to act on"
     if strategy == "recover":
         if request.unplaced_ranks:
             return f"the node of rank(s) {list(request.unplaced_ranks)} is unknown: nothing to move"

@@ -542,7 +542,8 @@ def test_stop_complete_404_fails_the_job() -> None:
 def test_wire_strategy(strategy: str, wire: tuple[str, str, tuple[str, ...]]) -> None:
     assert wire_strategy(strategy) == wire
     rec, now = walk("DECIDING")
-    _, effects = apply(rec, DecisionMade(rec.epoch, strategy), now)
+    moves = (("n1", "s0"),) if strategy == "recover" else ()
+    _, effects = apply(rec, DecisionMade(rec.epoch, strategy, moves=moves), now)
     signal = next(e for e in effects if isinstance(e, PublishSignal))
     assert (signal.change_strategy, signal.extra_params, signal.actions) == (
         wire[0],
@@ -1278,10 +1279,16 @@ def test_command_nodes_are_empty_outside_recovering(state: str) -> None:
 @pytest.mark.parametrize("strategy", ALL_STRATEGIES)
 def test_command_nodes_are_the_nodes_sent_a_command(strategy: str) -> None:
     rec, now = walk("DECIDING", faults=(fault("f1", 3, "n1"), fault("f2", 4, "n3")))
-    new, effects = apply(rec, DecisionMade(rec.epoch, strategy, nodes=("n0", "n1", "n2")), now)
+    moves = (("n1", "s1"), ("n3", "s3")) if strategy == "recover" else ()
+    new, effects = apply(rec, DecisionMade(rec.epoch, strategy, nodes=("n0", "n1", "n2"), moves=moves), now)
     sent = {e.node for e in effects if isinstance(e, SendCommand)}
     assert new.phase is Phase.RECOVERING and new.command_nodes == sent
-    expected = {"exit": {"n0", "n1", "n2", "n3"}, "retry": set(), "dump": set()}.get(strategy, {"n1", "n3"})
+    expected = {
+        "exit": {"n0", "n1", "n2", "n3"},
+        "retry": set(),
+        "dump": set(),
+        "recover": {"n1", "n3", "s1", "s3"},
+    }.get(strategy, {"n1", "n3"})
     assert sent == expected
 
 
@@ -1353,7 +1360,9 @@ def test_recover_of_a_lost_node_forgets_it() -> None:
     lost = dataclasses.replace(LAYOUT, live=frozenset({"n0", "s0"}))
     decision = DecisionMade(rec.epoch, "recover", (), nodes=("n0", "n1"), moves=(("n1", "s0"),), layout=lost)
     rec, effects = apply(rec, decision, now)
-    assert commands_of(effects) == [("s0", "START_RANKS", (2, 3))]
+    # The lost node is told to give its ranks up (should its agent come back), but not awaited.
+    assert commands_of(effects) == [("s0", "START_RANKS", (2, 3)), ("n1", "RELEASE_RANKS", (2, 3))]
+    assert rec.command_nodes == {"s0"}
     assert ForgetNode("n1") in effects
     assert "n1" not in rec.job_nodes  # a later exit must not wait for the lost node's agent
 
@@ -1393,6 +1402,48 @@ def test_capacity_returned_brings_isolated_ranks_back_on_a_spare() -> None:
     new, effects = apply(new, RecoverStatusReported(new.epoch, "a", 0), now + 1)
     assert new.phase is Phase.DONE
     assert RecordOutcome(UPGRADE, (2, 3), ok=True) in effects
+
+
+def test_recover_without_a_live_spare_fails_the_job() -> None:
+    rec, now = walk("DECIDING")
+    gone = dataclasses.replace(LAYOUT, live=frozenset({"n0", "n1"}))
+    decision = DecisionMade(rec.epoch, "recover", (), nodes=("n0", "n1"), moves=(("n1", "s0"),), layout=gone)
+    rec, effects = apply(rec, decision, now)
+    assert rec.phase is Phase.FAILED and "no live spare for node n1" in rec.outcome
+
+
+def test_a_merged_round_commands_the_node_that_holds_the_rank_now() -> None:
+    # Ranks 2 and 3 moved from n1 to s0; rank 3 fails again there: s0 restarts it, not n1.
+    rec, now = walk("DECIDING")
+    moved = Layout(placement=(("n0", (0, 1)), ("n1", ()), ("s0", (2, 3))), live=frozenset({"n0", "n1", "s0"}))
+    rec, effects = apply(rec, DecisionMade(rec.epoch, "recover-in-place", (), nodes=("n0", "n1"), layout=moved), now)
+    assert commands_of(effects) == [("s0", "RESTART_RANKS", (3,))]
+
+
+def test_exit_sends_ranks_no_node_holds_home() -> None:
+    # The spare died before it started ranks 2-3, which n1 had already released.
+    rec, now = walk("DECIDING")
+    layout = Layout(
+        placement=(("n0", (0, 1)), ("n1", ())),
+        live=frozenset({"n0", "n1"}),
+        homes=((0, "n0"), (1, "n1")),
+        world_size=4,
+        nproc_per_node=2,
+    )
+    rec, effects = apply(rec, DecisionMade(rec.epoch, "exit", (), nodes=("n0", "n1"), layout=layout), now)
+    assert commands_of(effects) == [("n0", "RESTART_ALL", ()), ("n1", "RESTART_ALL", (2, 3))]
+    # With no home for them either, exit cannot restore the job: it fails rather than lose ranks.
+    homeless = dataclasses.replace(layout, homes=((0, "n0"),))
+    rec2, _ = walk("DECIDING")
+    failed, _ = apply(rec2, DecisionMade(rec2.epoch, "exit", (), nodes=("n0",), layout=homeless), now)
+    assert failed.phase is Phase.FAILED and "exit cannot restart ranks [2, 3]" in failed.outcome
+
+
+def test_a_second_downgrade_of_the_same_ranks_isolates_them_once() -> None:
+    rec, now = walk("DECIDING")
+    rec = dataclasses.replace(rec, isolated=((2, "n1"), (3, "n1")))
+    rec, _ = apply(rec, DecisionMade(rec.epoch, "elastic-training", (), nodes=("n0", "n1"), layout=LAYOUT), now)
+    assert rec.isolated == ((2, "n1"), (3, "n1"))
 
 
 def test_a_failed_upgrade_falls_back_to_the_selector() -> None:

@@ -126,7 +126,9 @@ def draw_event(rec: Recovery, pick: Pick) -> tuple[object, bool, float]:
         strategy = pick((*STRATEGIES, "exit", ""))
         give_up = pick((False, False, False, False, False, True))
         nodes = pick(NODE_SETS)
-        return DecisionMade(epoch, strategy, ("drawn",), give_up, nodes), False, dt
+        spares = tuple((n, f"spare-{n}") for n in sorted({f.node for f in rec.faults}))
+        moves = pick((spares, spares, ())) if strategy == "recover" else ()
+        return DecisionMade(epoch, strategy, ("drawn",), give_up, nodes, moves), False, dt
     if kind == "recover":
         return RecoverStatusReported(epoch, who, code, rec.strategy), False, dt
     if kind == "capacity":
@@ -393,23 +395,30 @@ class Checker:
             assert set(new.job_nodes) == set(prev.job_nodes) | set(event.nodes)
         # The exit after a dump restarts every node of the job (and every fault node), all ranks.
         if after_dump:
-            assert [c.node for c in commands] == sorted(
-                set(prev.job_nodes) | {f.node for f in new.faults} | {n for _, n in prev.isolated}
-            )
+            named = set(prev.job_nodes) | {f.node for f in new.faults}
+            assert [c.node for c in commands] == sorted(named)
             assert all(c.action == "RESTART_ALL" and c.strategy == "exit" for c in commands)
             assert all(c.ranks == isolated_on(prev, c.node) for c in commands)
         # `exit` restarts every node the decision (or the deciding deadline) named, plus every fault node.
         if commands and isinstance(event, (DecisionMade, DeadlinePassed)):
-            job_nodes = set(event.nodes) | {f.node for f in new.faults} | {n for _, n in prev.isolated}
+            # Drawn decisions carry no layout: the nodes they name (and the fault nodes) count as
+            # alive; an isolated node is not assumed back unless named.
+            job_nodes = set(event.nodes) | {f.node for f in new.faults}
+            fault_nodes = sorted({f.node for f in new.faults})
             if new.strategy == "exit":
                 assert [c.node for c in commands] == sorted(job_nodes)
-                # Ranks a downgrade isolated come back on their node (every node is alive here).
+                # Ranks a downgrade isolated come back on their node when it is alive.
                 assert all(c.action == "RESTART_ALL" and c.ranks == isolated_on(prev, c.node) for c in commands)
-                assert new.isolated == ()
+                assert new.isolated == tuple((r, n) for r, n in prev.isolated if n not in job_nodes)
+            elif new.strategy == "recover":
+                # Each faulty node's ranks start on its spare and are released where they were.
+                spare_of = dict(event.moves)  # type: ignore[union-attr]
+                expected = [(spare_of[n], "START_RANKS") for n in fault_nodes] + [
+                    (n, "RELEASE_RANKS") for n in fault_nodes
+                ]
+                assert sorted((c.node, c.action) for c in commands) == sorted(expected)
             else:
-                # Drawn decisions name no spare and no layout: every node counts as alive, so
-                # `recover` and a downgrade only release the faulty nodes' ranks.
-                assert [c.node for c in commands] == sorted({f.node for f in new.faults})
+                assert [c.node for c in commands] == fault_nodes
                 action = "RESTART_RANKS" if new.strategy == "recover-in-place" else "RELEASE_RANKS"
                 assert all(c.action == action for c in commands)
 

@@ -1408,7 +1408,7 @@ def test_recover_without_a_live_spare_fails_the_job() -> None:
     rec, now = walk("DECIDING")
     gone = dataclasses.replace(LAYOUT, live=frozenset({"n0", "n1"}))
     decision = DecisionMade(rec.epoch, "recover", (), nodes=("n0", "n1"), moves=(("n1", "s0"),), layout=gone)
-    rec, effects = apply(rec, decision, now)
+    rec, _ = apply(rec, decision, now)
     assert rec.phase is Phase.FAILED and "no live spare for node n1" in rec.outcome
 
 

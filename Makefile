@@ -5,9 +5,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TORCH_STAMP := $(VENV)/.torch-installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv proto demo test test-unit lint format typecheck clean fresh-clone-test msrun-venv test-msrun
+.PHONY: all venv torch demo-torch bench proto demo test test-unit lint format typecheck clean fresh-clone-test msrun-venv test-msrun
 
 all: test
 
@@ -18,6 +19,13 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+## PyTorch (CPU, pinned: requirements-torch.txt) for taskd_client.pytorch, its tests, demo-torch and bench.
+$(TORCH_STAMP): $(STAMP) requirements-torch.txt
+	$(PY) -m pip install --quiet -r requirements-torch.txt
+	touch $@
+
+torch: $(TORCH_STAMP)
 
 ## Regenerate the Python code from proto/ (generated code is committed: docs/adr/0004).
 proto: $(STAMP)
@@ -30,8 +38,12 @@ proto: $(STAMP)
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
+## DDP training (4 ranks, gloo, CPU) whose rank 1 is SIGKILLed: the others keep running (needs torch).
+demo-torch: $(TORCH_STAMP)
+	$(PY) examples/demo_torch.py
+
 ## Lint, type-check, then every test (unit and end-to-end against a throwaway etcd).
-test: $(STAMP) lint typecheck
+test: $(STAMP) $(TORCH_STAMP) lint typecheck
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
@@ -45,7 +57,7 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format libs services tests examples scripts
 	$(VENV)/bin/ruff check --fix libs services tests examples scripts
 
-typecheck: $(STAMP)
+typecheck: $(STAMP) $(TORCH_STAMP)
 	MYPY=$(VENV)/bin/mypy bash scripts/typecheck.sh
 
 ## Opt-in: MindSpore 2.10.0's real msrun (~3 GB, its own venv) driving recoverd's MSRunPlugin.

@@ -79,8 +79,9 @@ def done(rank: int, step: int) -> None:
 
 
 def run_recoverd(args: argparse.Namespace) -> int:
-    from taskd_client.pytorch import ResilientTrainer, RetryableFault
+    from taskd_client.pytorch import ResilientTrainer, RetryableFault, wait_for_rank
 
+    wait_for_rank()  # a warm spare (--warm-spares) waits here, torch imported, to be given a rank
     rank = int(os.environ["RANK"])
     model = make_model(args.seed)
     optimizer = make_optimizer(model)

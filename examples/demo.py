@@ -63,11 +63,24 @@ def main() -> int:
     try:
         endpoint = wait(
             "the embedded etcd",
-            lambda: next((w.split("etcd ", 1)[1].split(",")[0] for w in out_path.read_text().splitlines()
-                          if w.startswith("recoverd run:")), None),
+            lambda: next(
+                (
+                    w.split("etcd ", 1)[1].split(",")[0]
+                    for w in out_path.read_text().splitlines()
+                    if w.startswith("recoverd run:")
+                ),
+                None,
+            ),
         )
-        before = wait("4 running ranks", lambda: (s := status(endpoint))["ranks"] and len(s["ranks"]) == 4
-                      and all(r["state"] == "RUNNING" for r in s["ranks"]) and s)
+        before = wait(
+            "4 running ranks",
+            lambda: (
+                (s := status(endpoint))["ranks"]
+                and len(s["ranks"]) == 4
+                and all(r["state"] == "RUNNING" for r in s["ranks"])
+                and s
+            ),
+        )
         print(f"\nembedded etcd at {endpoint}; ranks running:\n")
         print(ctl(endpoint, "status", JOB))
 
@@ -76,8 +89,9 @@ def main() -> int:
         killed_at = time.time()
         os.kill(victim["pid"], signal.SIGKILL)
 
-        after = wait("the recovery", lambda: (s := status(endpoint))["recovery"]
-                     and s["recovery"]["phase"] == "DONE" and s)
+        after = wait(
+            "the recovery", lambda: (s := status(endpoint))["recovery"] and s["recovery"]["phase"] == "DONE" and s
+        )
         took = time.time() - killed_at
         print(ctl(endpoint, "status", JOB))
         print("$ recoverctl events demo\n")

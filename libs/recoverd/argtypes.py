@@ -6,21 +6,29 @@ import argparse
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["positive"]
+__all__ = ["non_negative", "positive"]
 
 N = TypeVar("N", int, float)
 
 
-def positive(kind: Callable[[str], N]) -> Callable[[str], N]:
-    """An argparse ``type=`` that parses with ``kind`` and refuses zero and negatives, clearly."""
-
+def _checked(kind: Callable[[str], N], accept: Callable[[N], bool], requirement: str) -> Callable[[str], N]:
     def parse(text: str) -> N:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a valid {getattr(kind, '__name__', 'value')}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"{text!r} {requirement}")
         return value
 
     return parse
+
+
+def positive(kind: Callable[[str], N]) -> Callable[[str], N]:
+    """An argparse ``type=`` that parses with ``kind`` and refuses zero and negatives, clearly."""
+    return _checked(kind, lambda value: value > 0, "must be positive")
+
+
+def non_negative(kind: Callable[[str], N]) -> Callable[[str], N]:
+    """An argparse ``type=`` that parses with ``kind`` and refuses negatives (zero is allowed)."""
+    return _checked(kind, lambda value: value >= 0, "must not be negative")

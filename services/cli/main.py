@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 from recoverd import __version__
 from recoverd.agent.agent import AgentSettings, NodeAgent, become_subreaper
-from recoverd.argtypes import positive
+from recoverd.argtypes import non_negative, positive
 from recoverd.coordinator.reconciler import Coordinator, CoordinatorSettings
 from recoverd.coordinator.recovery import Timeouts
 from recoverd.errors import ConfigError, RecoverdError
@@ -153,6 +153,14 @@ def _add_job(parser: argparse.ArgumentParser, *, job_required: bool) -> None:
         type=positive(float),
         default=5.0,
         help="SIGTERM to SIGKILL grace when stopping ranks (%(default)s s)",
+    )
+    parser.add_argument(
+        "--warm-spares",
+        type=non_negative(int),
+        default=0,
+        metavar="N",
+        help="keep N processes of the command started ahead, framework imported, to become a restarted"
+        " rank at once (scripts that call taskd_client.pytorch.wait_for_rank(); docs/pytorch.md; default 0)",
     )
     parser.add_argument(
         "--reset-json", default=None, help="a device plugin's reset.json to turn into faults (watched, never written)"
@@ -274,6 +282,7 @@ def _agent_settings(args: argparse.Namespace, etcd: str, job: str, nnodes: int, 
         reset_json=args.reset_json,
         reset_json_mirror=args.reset_json_mirror,
         spare=bool(getattr(args, "spare", False)),
+        warm_spares=args.warm_spares,
     )
 
 

@@ -152,7 +152,9 @@ class AdoptRuntime(Launcher):
         self.vanish_grace_s = vanish_grace_s
         self._adopt_exit = on_exit
 
-    def start(self, launch: RankLaunch) -> RankProcess:
+    def start(self, launch: RankLaunch, *, spare: bool = False) -> RankProcess:
+        if spare:
+            raise LaunchFailed("adopted ranks have no warm spares: each restarts with its own captured command")
         found = self._to_adopt.pop(launch.rank, None)
         if found is not None:
             return self._adopt(found)

@@ -124,6 +124,12 @@ class AgentSettings:
     )
     #: Join a running job as a spare node: no ranks until a `recover` or an upgrade moves some here.
     spare: bool = False
+    #: Warm spare processes kept ready (framework imported, waiting for a rank); 0 = none. Only for
+    #: scripts that call ``taskd_client.pytorch.wait_for_rank()`` first (docs/pytorch.md).
+    warm_spares: int = 0
+    #: Seconds to wait after a warm spare is used before starting the next one (it would compete
+    #: for CPU with the recovery it just sped up).
+    warm_spare_refill_s: float = 1.0
 
     @property
     def world_size(self) -> int:
@@ -194,6 +200,7 @@ class NodeAgent:
         self._exit_code: asyncio.Future[int] | None = None
         self._mirrored: ResetState | None = None
         self._record_stale = False
+        self._warm: list[RankProcess] = []
         #: epoch -> why this node could not carry out that epoch's command (reported as code 1).
         self._failed_commands: dict[int, str] = {}
         resetfile.check_paths(settings.reset_json, settings.reset_json_mirror)
@@ -217,6 +224,7 @@ class NodeAgent:
                 loop.add_signal_handler(signum, self._request_exit, code)
             loop.add_signal_handler(signal.SIGCHLD, self._launcher.reap_strays)
             self._start_all(generation=0, header="launch")
+            self._fill_warm_spares()
             try:
                 async with asyncio.TaskGroup() as group:
                     tasks = [
@@ -239,6 +247,7 @@ class NodeAgent:
         finally:
             if self._launcher is not None and self._launcher.processes:
                 await self._stop_ranks(list(self.slots.values()))
+                await self._stop_warm_spares()
             lease_now, self._lease = self._lease, None
             if lease_now is not None:
                 await lease_now.aclose()
@@ -251,6 +260,7 @@ class NodeAgent:
     async def _finish(self, code: int) -> None:
         """Stop what still runs and flush the final rank states (bounded: etcd may be down)."""
         await self._stop_ranks([s for s in self.slots.values() if s.proc is not None and s.proc.is_running])
+        await self._stop_warm_spares()
         if self._launcher is not None:
             killed = self._launcher.kill_strays()
             if killed:
@@ -459,7 +469,7 @@ class NodeAgent:
             f" generation {generation} restart {slot.restart_count}",
         )
         try:
-            slot.proc = self._launcher.start(launch)
+            slot.proc = self._take_warm_spare(launch) or self._launcher.start(launch)
         except LaunchFailed as err:
             log.error("%s", err)
             slot.proc = None
@@ -468,6 +478,59 @@ class NodeAgent:
             return
         slot.state, slot.exit_code, slot.signal, slot.is_stopping = pb.RANK_RUNNING, 0, 0, False
         self._dirty.set()
+
+    # ---------------------------------------------------------------- warm spares
+    def _spare_launch(self) -> RankLaunch:
+        assert self.spec is not None
+        env = dict(os.environ)
+        env.update(self.settings.extra_env)
+        env.update(
+            {
+                "RECOVERD_ETCD": self.settings.etcd,
+                "RECOVERD_JOB": self.settings.job,
+                "RECOVERD_RUN": self.spec.uid,
+                "RECOVERD_NODE": self.settings.node,
+                "RECOVERD_PREFIX": self.keys.prefix,
+            }
+        )
+        log_path = os.path.join(self.settings.log_dir, "warm-spares.log") if self.settings.log_dir else None
+        return RankLaunch(-1, self.settings.argv, env, self.settings.cwd, log_path, "warm spare")
+
+    def _fill_warm_spares(self) -> None:
+        """Start warm spares until ``warm_spares`` are waiting (only the process launcher has them)."""
+        if not isinstance(self._launcher, Launcher) or not type(self._launcher).starts_any_rank:
+            return
+        self._warm = [p for p in self._warm if p.is_spare and p.is_running]
+        while len(self._warm) < self.settings.warm_spares:
+            try:
+                spare = self._launcher.start(self._spare_launch(), spare=True)
+            except LaunchFailed as err:
+                log.error("agent %s: cannot start a warm spare: %s", self.settings.node, err)
+                return
+            log.info("agent %s: warm spare pid %d started", self.settings.node, spare.pid)
+            self._warm.append(spare)
+            self._dirty.set()
+
+    def _take_warm_spare(self, launch: RankLaunch) -> RankProcess | None:
+        """A warm spare made into this rank, or None (none waiting: start a process as usual)."""
+        while self._warm:
+            spare = self._warm.pop(0)
+            if not (spare.is_spare and spare.is_running) or not isinstance(self._launcher, Launcher):
+                continue
+            try:
+                proc = self._launcher.assign(spare, launch)
+            except LaunchFailed as err:
+                log.warning("agent %s: %s", self.settings.node, err)
+                continue
+            log.info("agent %s: rank %d is warm spare pid %d", self.settings.node, launch.rank, proc.pid)
+            asyncio.get_running_loop().call_later(self.settings.warm_spare_refill_s, self._fill_warm_spares)
+            return proc
+        return None
+
+    async def _stop_warm_spares(self) -> None:
+        spares, self._warm = [p for p in self._warm if p.is_running], []
+        if spares and self._launcher is not None:
+            await asyncio.gather(*(self._launcher.stop(p, self.settings.stop_grace_s) for p in spares))
 
     def _start_all(self, generation: int, header: str) -> None:
         for slot in self.slots.values():
@@ -481,6 +544,11 @@ class NodeAgent:
         await asyncio.gather(*(self._launcher.stop(s.proc, self.settings.stop_grace_s) for s in running if s.proc))
 
     def _on_rank_exit(self, proc: RankProcess, info: ExitInfo) -> None:
+        if proc in self._warm:
+            self._warm.remove(proc)
+            log.warning("agent %s: warm spare pid %d ended: %s", self.settings.node, proc.pid, info.describe())
+            self._dirty.set()
+            return
         slot = self.slots.get(proc.rank)
         if slot is None or slot.proc is not proc:
             return
@@ -535,6 +603,7 @@ class NodeAgent:
                 )
                 for s in self.slots.values()
             ],
+            warm_spare_pids=[p.pid for p in self._warm if p.is_running],
         )
 
     # ---------------------------------------------------------------- etcd writes

@@ -11,12 +11,18 @@
 * :meth:`Launcher.stop` sends SIGTERM to the group, waits ``grace_s`` on one deadline, then SIGKILL.
 * Output goes to one log file per rank, opened for append with a header line per attempt; the tail
   of that file is what a fault record carries.
+* **Warm spares** (:meth:`Launcher.start_spare`, :meth:`Launcher.assign`): processes of the job's
+  command started ahead of time with ``RECOVERD_WARM_SPARE_FD`` set, which import the framework and
+  then block reading that pipe. Assigning one writes the rank's environment and log file as one
+  JSON line; the process becomes the rank without paying interpreter and import time
+  (``taskd_client.pytorch.wait_for_rank`` is the other end).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -29,7 +35,12 @@ import psutil
 
 from recoverd.errors import LaunchFailed
 
-__all__ = ["ExitInfo", "Launcher", "RankLaunch", "RankProcess", "read_tail"]
+__all__ = ["SPARE_FD_ENV", "ExitInfo", "Launcher", "RankLaunch", "RankProcess", "read_tail"]
+
+#: The environment variable that tells a warm spare which inherited fd to read its rank from.
+SPARE_FD_ENV = "RECOVERD_WARM_SPARE_FD"
+#: RankProcess.rank of a warm spare not yet given a rank.
+SPARE_RANK = -1
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +93,12 @@ class RankProcess:
     exited: asyncio.Future[ExitInfo] = field(repr=False)
     _pidfd: int = field(default=-1, repr=False)
     _popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    #: A warm spare's end of its assignment pipe (-1 once assigned, or for a rank).
+    _assign_fd: int = field(default=-1, repr=False)
+
+    @property
+    def is_spare(self) -> bool:
+        return self._assign_fd >= 0
 
     @property
     def is_running(self) -> bool:
@@ -126,9 +143,18 @@ class Launcher:
     def owns(self, pid: int) -> bool:
         return any(p.pid == pid for p in self._procs)
 
-    def start(self, launch: RankLaunch) -> RankProcess:
-        """Start one incarnation; raise LaunchFailed (with the OS error) if it cannot be started."""
+    def start(self, launch: RankLaunch, *, spare: bool = False) -> RankProcess:
+        """Start one incarnation; raise LaunchFailed (with the OS error) if it cannot be started.
+
+        ``spare``: start a warm spare instead (``launch.rank`` is ignored): see :meth:`assign`.
+        """
         log_file = None
+        read_fd = write_fd = -1
+        env = dict(launch.env)
+        if spare:
+            read_fd, write_fd = os.pipe()
+            os.set_inheritable(read_fd, True)
+            env[SPARE_FD_ENV] = str(read_fd)
         try:
             if launch.log_path:
                 os.makedirs(os.path.dirname(launch.log_path) or ".", exist_ok=True)
@@ -137,22 +163,27 @@ class Launcher:
                     log_file.write(f"==== {launch.header} ====\n".encode())
             popen = subprocess.Popen(
                 list(launch.argv),
-                env=dict(launch.env),
+                env=env,
                 cwd=launch.cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT if log_file is not None else None,
                 start_new_session=True,
                 close_fds=True,
+                pass_fds=(read_fd,) if spare else (),
             )
         except OSError as err:
+            if spare:
+                os.close(write_fd)
             raise LaunchFailed(f"rank {launch.rank}: cannot start {launch.argv[0]!r}: {err}") from err
         finally:
             if log_file is not None:
                 log_file.close()
+            if spare:
+                os.close(read_fd)
         pidfd = os.pidfd_open(popen.pid)
         proc = RankProcess(
-            rank=launch.rank,
+            rank=SPARE_RANK if spare else launch.rank,
             pid=popen.pid,
             pgid=popen.pid,
             started_at=time.time(),
@@ -160,10 +191,36 @@ class Launcher:
             exited=self._loop.create_future(),
             _pidfd=pidfd,
             _popen=popen,
+            _assign_fd=write_fd,
         )
         self._procs.add(proc)
         self._loop.add_reader(pidfd, self._reap, proc)
         return proc
+
+    def assign(self, spare: RankProcess, launch: RankLaunch) -> RankProcess:
+        """Make a warm spare the rank ``launch`` describes: it takes ``launch.env`` and writes to
+        ``launch.log_path`` from now on (same pid). Raise LaunchFailed if the spare is gone."""
+        if not spare.is_spare or not spare.is_running:
+            raise LaunchFailed(f"rank {launch.rank}: warm spare pid {spare.pid} is not available")
+        if launch.log_path:
+            os.makedirs(os.path.dirname(launch.log_path) or ".", exist_ok=True)
+            with open(launch.log_path, "ab", buffering=0) as log_file:
+                if launch.header:
+                    log_file.write(f"==== {launch.header} (warm spare pid {spare.pid}) ====\n".encode())
+        message = json.dumps({"env": dict(launch.env), "log_path": launch.log_path, "rank": launch.rank}) + "\n"
+        try:
+            data = memoryview(message.encode())
+            while data:
+                data = data[os.write(spare._assign_fd, data) :]
+        except OSError as err:
+            raise LaunchFailed(f"rank {launch.rank}: warm spare pid {spare.pid} did not take it: {err}") from err
+        finally:
+            os.close(spare._assign_fd)
+            spare._assign_fd = -1
+        spare.rank = launch.rank
+        spare.log_path = launch.log_path
+        spare.started_at = time.time()
+        return spare
 
     def _reap(self, proc: RankProcess) -> None:
         """The pidfd is readable: the leader exited. Kill the rest of its group, then reap it."""
@@ -176,6 +233,9 @@ class Launcher:
             result = None
         os.close(proc._pidfd)
         proc._pidfd = -1
+        if proc._assign_fd >= 0:
+            os.close(proc._assign_fd)
+            proc._assign_fd = -1
         if result is None:
             info = ExitInfo(proc.pid, None, None)
         elif result.si_code == os.CLD_EXITED:

@@ -36,8 +36,8 @@ def _ddp_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(harness, "WORKER", DDP)
 
 
-def _log(cluster: Cluster, job: str, rank: int) -> str:
-    path = Path(cluster.workdir) / f"logs-{job}-node0" / f"rank{rank}.log"
+def _log(cluster: Cluster, job: str, rank: int, node: str = "node0") -> str:
+    path = Path(cluster.workdir) / f"logs-{job}-{node}" / f"rank{rank}.log"
     return path.read_text(errors="replace") if path.exists() else ""
 
 
@@ -123,3 +123,30 @@ def test_retry_rolls_the_step_back_in_every_rank_without_a_restart(cluster: Clus
     assert finals == dict.fromkeys(range(WORLD), reference)
     assert cluster.view(job).recovery is None, "no process-level recovery was needed"
     assert pb.RANK_SUCCEEDED == after[0].state
+
+
+def test_a_warm_spare_becomes_the_replacement(cluster: Cluster, reference: str) -> None:
+    job = "job-ddp-warm"
+    cluster.coordinator()
+    cluster.strategy()
+    cluster.agent(
+        job, "node1", nproc=WORLD, strategies="recover-in-place,exit", worker=ARGS, extra=("--warm-spares", "1")
+    )
+    before = cluster.wait_running(job, WORLD, timeout=60)
+    spares = cluster.wait_for(
+        "a warm spare", lambda: list(cluster.view(job).ranks["node1"].warm_spare_pids), timeout=60
+    )
+    target = 10
+    cluster.wait_for(f"step {target}", lambda: target in _done_steps(_log(cluster, job, 1, "node1"), 1), timeout=60)
+    os.kill(before[1].pid, signal.SIGKILL)
+
+    assert cluster.wait_exit("agent-node1", timeout=120) == 0, cluster.logs()
+    after = cluster.ranks(job)
+    # The replacement is the process that was waiting, torch imported: no interpreter, no import.
+    assert after[1].pid == spares[0] and after[1].restart_count == 1
+    text = _log(cluster, job, 1, "node1")
+    assert f"warm spare pid {spares[0]} is rank 1" in text and "framework imported beforehand" in text
+    assert all(after[r].pid == before[r].pid for r in (0, 2, 3))
+    assert {r: _final(_log(cluster, job, r, "node1"), r) for r in range(WORLD)} == dict.fromkeys(
+        range(WORLD), reference
+    )

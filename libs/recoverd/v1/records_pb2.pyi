@@ -220,14 +220,16 @@ class RankStatus(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[RankState, str]] = ..., generation: _Optional[int] = ..., restart_count: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., node: _Optional[str] = ...) -> None: ...
 
 class NodeRanks(_message.Message):
-    __slots__ = ("node", "ranks", "updated_at")
+    __slots__ = ("node", "ranks", "updated_at", "warm_spare_pids")
     NODE_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    WARM_SPARE_PIDS_FIELD_NUMBER: _ClassVar[int]
     node: str
     ranks: _containers.RepeatedCompositeFieldContainer[RankStatus]
     updated_at: _timestamp_pb2.Timestamp
-    def __init__(self, node: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankStatus, _Mapping]]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    warm_spare_pids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, node: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankStatus, _Mapping]]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., warm_spare_pids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ClientRecord(_message.Message):
     __slots__ = ("client_id", "role", "host", "pid", "ranks", "registered_at")

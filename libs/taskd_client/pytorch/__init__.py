@@ -9,6 +9,7 @@ See docs/pytorch.md.
 from taskd_client.pytorch.group import GroupFailed, ResilientGroup
 from taskd_client.pytorch.store import EtcdStore, GenerationAborted
 from taskd_client.pytorch.trainer import RankEnv, ResilientTrainer, RetryableFault
+from taskd_client.pytorch.warm import wait_for_rank
 
 __all__ = [
     "EtcdStore",
@@ -18,4 +19,5 @@ __all__ = [
     "ResilientGroup",
     "ResilientTrainer",
     "RetryableFault",
+    "wait_for_rank",
 ]

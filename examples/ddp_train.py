@@ -75,7 +75,7 @@ def load_checkpoint(path: Path | None) -> tuple[int, dict[str, Any]] | None:
 
 
 def done(rank: int, step: int) -> None:
-    print(f"rank {rank} step {step} done {time.time():.6f}", flush=True)
+    print(f"rank {rank} step {step} done {time.time():.6f} pid {os.getpid()}", flush=True)
 
 
 def run_recoverd(args: argparse.Namespace) -> int:

@@ -20,6 +20,18 @@ __all__ = ["SPARE_FD_ENV", "wait_for_rank"]
 SPARE_FD_ENV = "RECOVERD_WARM_SPARE_FD"  # the agent's launcher sets it (recoverd.agent.launcher)
 
 
+def _warm_up() -> None:
+    """Pay PyTorch's first-use costs now, not as the replacement: the first optimizer takes ~1 s
+    (lazy imports behind torch.optim), the first backward pass starts autograd's machinery."""
+    import torch
+
+    weight = torch.zeros(8, requires_grad=True)
+    optimizer = torch.optim.SGD([weight], lr=0.1, momentum=0.9)
+    (weight * 2.0).sum().backward()
+    optimizer.step()
+    torch.optim.Adam([weight]).step()
+
+
 def wait_for_rank() -> bool:
     """Block until the agent gives this warm spare a rank; False at once when not a warm spare.
 
@@ -28,6 +40,7 @@ def wait_for_rank() -> bool:
     fd_text = os.environ.pop(SPARE_FD_ENV, None)
     if fd_text is None:
         return False
+    _warm_up()
     ready = time.time()
     with os.fdopen(int(fd_text), "rb") as pipe:
         line = pipe.readline()

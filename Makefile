@@ -42,6 +42,12 @@ demo: $(STAMP)
 demo-torch: $(TORCH_STAMP)
 	$(PY) examples/demo_torch.py
 
+## Recovery times and recoverd against torchrun on the same DDP job (~20 min; bench/results/).
+BENCH_ARGS ?=
+bench: $(TORCH_STAMP)
+	$(PY) -m pip install --quiet -r requirements-bench.txt
+	$(PY) bench/bench.py $(BENCH_ARGS)
+
 ## Lint, type-check, then every test (unit and end-to-end against a throwaway etcd).
 test: $(STAMP) $(TORCH_STAMP) lint typecheck
 	$(PY) -m pytest -q $(PYTEST_ARGS)

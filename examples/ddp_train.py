@@ -91,7 +91,7 @@ def run_recoverd(args: argparse.Namespace) -> int:
         model,
         optimizer,
         load_state=lambda: load_checkpoint(ckpt),
-        on_event=lambda text: print(text, flush=True),
+        on_event=lambda text: print(f"{text} (at {time.time():.6f})", flush=True),
     )
     injected = int(os.environ.get("RECOVERD_RESTART_COUNT", "0")) > 0
     for step in trainer.steps(args.steps):
@@ -134,10 +134,10 @@ def run_torchrun(args: argparse.Namespace) -> int:
     ddp = DistributedDataParallel(model)
     loss_fn = nn.CrossEntropyLoss()
     for step in range(start, args.steps):
+        time.sleep(args.step_sleep)  # stands for compute, before the all-reduce (as in run_recoverd)
         optimizer.zero_grad()
         x, y = batch(args.seed, step, rank, args.batch)
-        loss_fn(ddp(x), y).backward()
-        time.sleep(args.step_sleep)
+        loss_fn(ddp(x), y).backward()  # DDP all-reduces the gradients here
         optimizer.step()
         done(rank, step)
         if ckpt is not None and rank == 0 and args.ckpt_every and (step + 1) % args.ckpt_every == 0:

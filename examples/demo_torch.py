@@ -97,9 +97,8 @@ def main() -> int:
         for rank in range(4):
             found = re.search(r"final sha256 (\w+)", (logs / f"rank{rank}.log").read_text())
             finals.add(found.group(1) if found else None)
-        print(
-            f"\nthe job finished; recoverd run exited {code}; final parameters identical in every rank: {len(finals) == 1}"
-        )
+        same = len(finals) == 1
+        print(f"\nthe job finished; recoverd run exited {code}; final parameters identical in every rank: {same}")
         print(f"logs: {logs}")
         return 0 if code == 0 and kept == [0, 2, 3] and len(finals) == 1 and None not in finals else 1
     finally:

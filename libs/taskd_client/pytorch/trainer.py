@@ -52,6 +52,9 @@ __all__ = ["RankEnv", "ResilientTrainer", "RetryableFault"]
 log = logging.getLogger(__name__)
 
 
+_NONE, _FROM_DISK, _LIVE = 0, 1, 2
+
+
 class RetryableFault(RuntimeError):
     """Raise inside ``step_scope`` for a fault the step can be re-run after (an uncorrectable memory
     error, a link flap): every rank rolls the step back and runs it again."""
@@ -119,7 +122,9 @@ class ResilientTrainer:
         self.group = ResilientGroup(self.store, self.rank, self.world_size, timeout=timeout)
         #: The next step to run (= steps completed).
         self.step = 0
-        self._has_state = False
+        #: What state this rank holds: NONE, FROM_DISK (load_state) or LIVE (trained in this process,
+        #: newer than any checkpoint).
+        self._state = _NONE
         self._snapshot: tuple[dict[str, Any], dict[str, Any]] | None = None
         self._applied = False
         self.recoveries = 0
@@ -127,7 +132,7 @@ class ResilientTrainer:
         if loaded is not None:
             self.step, state = loaded
             self._load(state)
-            self._has_state = True
+            self._state = _FROM_DISK
         self._recover("start")
 
     # ------------------------------------------------------------------ the loop
@@ -207,13 +212,17 @@ class ResilientTrainer:
         )
 
     def _sync(self) -> int:
-        """Agree on the step, roll back if ahead, and copy the state from the lowest holder."""
-        mine = torch.tensor([1 if self._has_state else 0, self.step], dtype=torch.int64)
+        """Agree on the step, roll back if ahead, and copy the state from the lowest holder.
+
+        The holders are the ranks with the freshest kind of state: live state (survivors) wins over
+        a checkpoint loaded from disk (a replacement), which wins over none (all fresh)."""
+        mine = torch.tensor([self._state, self.step], dtype=torch.int64)
         everyone = self.group.allgather(mine)
-        holders = [r for r, t in enumerate(everyone) if int(t[0]) == 1]
-        source = min(holders) if holders else 0
-        resume = min(int(everyone[r][1]) for r in holders) if holders else 0
-        if self._has_state and self.step > resume:
+        best = max(int(t[0]) for t in everyone)
+        holders = [r for r, t in enumerate(everyone) if int(t[0]) == best]
+        source = min(holders)
+        resume = min(int(everyone[r][1]) for r in holders) if best != _NONE else 0
+        if self._state == best != _NONE and self.step > resume:
             if self.step != resume + 1 or self._snapshot is None:
                 raise RuntimeError(f"rank {self.rank} is at step {self.step}, cannot roll back to {resume}")
             model_state, optimizer_state = self._snapshot
@@ -227,6 +236,6 @@ class ResilientTrainer:
         if self.rank != source:
             self._load(_from_bytes(blob))
         self.step = resume
-        self._has_state = True
+        self._state = _LIVE
         self._snapshot = None
         return source

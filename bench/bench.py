@@ -179,12 +179,16 @@ def rank_pid(job: Job, rank: int) -> int:
     """The pid of ``rank`` now: from etcd for recoverd (a warm spare's environment does not show its
     rank), from the process table for torchrun's workers."""
     if job.endpoint:
-        view = ctl_view(job.endpoint, job.logs.parent.name)
-        for table in view.ranks.values():
-            for status in table.ranks:
-                if status.rank == rank and status.state == pb.RANK_RUNNING:
-                    return int(status.pid)
-        raise SystemExit(f"bench: rank {rank} is not running")
+
+        def running() -> int | None:
+            view = ctl_view(job.endpoint, job.logs.parent.name)
+            for table in view.ranks.values():
+                for status in table.ranks:
+                    if status.rank == rank and status.state == pb.RANK_RUNNING:
+                        return int(status.pid)
+            return None
+
+        return int(wait(f"rank {rank} running", running, 30))
     for child in psutil.Process(job.proc.pid).children(recursive=True):
         try:
             env = child.environ()

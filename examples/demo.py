@@ -48,20 +48,18 @@ def wait(what: str, predicate: Any, timeout: float = 30.0) -> Any:
     raise SystemExit(f"demo: timed out waiting for {what}")
 
 
-def main() -> int:
-    workdir = Path(tempfile.mkdtemp(prefix="recoverd-demo-"))
-    out_path = workdir / "recoverd-run.log"
-    argv = [
-        sys.executable, "-m", "recoverd.cli.main", "run", "--job", JOB, "--nproc-per-node", "4",
-        "--strategies", "recover-in-place,exit", "--log-dir", str(workdir / "logs"), "--fault-window", "0.05",
-        "--", sys.executable, str(ROOT / "examples" / "worker.py"), "--steps", "40", "--step-time", "0.1",
-    ]  # fmt: skip
-    print("$ recoverd run --job demo --nproc-per-node 4 --strategies recover-in-place,exit -- python worker.py")
+def start_run(argv: list[str], out_path: Path) -> subprocess.Popen[bytes]:
+    """Start ``recoverd run`` with its output in ``out_path``."""
     with open(out_path, "w") as out:
-        env = {**os.environ, "GRPC_VERBOSITY": "ERROR"}
-        run = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        endpoint = wait(
+        return subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "GRPC_VERBOSITY": "ERROR"}
+        )
+
+
+def etcd_endpoint(out_path: Path) -> str:
+    """The embedded etcd's address, from the line ``recoverd run`` prints first."""
+    return str(
+        wait(
             "the embedded etcd",
             lambda: next(
                 (
@@ -72,6 +70,21 @@ def main() -> int:
                 None,
             ),
         )
+    )
+
+
+def main() -> int:
+    workdir = Path(tempfile.mkdtemp(prefix="recoverd-demo-"))
+    out_path = workdir / "recoverd-run.log"
+    argv = [
+        sys.executable, "-m", "recoverd.cli.main", "run", "--job", JOB, "--nproc-per-node", "4",
+        "--strategies", "recover-in-place,exit", "--log-dir", str(workdir / "logs"), "--fault-window", "0.05",
+        "--", sys.executable, str(ROOT / "examples" / "worker.py"), "--steps", "40", "--step-time", "0.1",
+    ]  # fmt: skip
+    print("$ recoverd run --job demo --nproc-per-node 4 --strategies recover-in-place,exit -- python worker.py")
+    run = start_run(argv, out_path)
+    try:
+        endpoint = etcd_endpoint(out_path)
         before = wait(
             "4 running ranks",
             lambda: (

@@ -14,13 +14,12 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from demo import ctl, status, wait  # examples/demo.py: recoverctl from outside, like an operator
+from demo import ctl, etcd_endpoint, start_run, status, wait  # examples/demo.py: recoverctl from outside
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = "demo"
@@ -39,22 +38,9 @@ def main() -> int:
     ]  # fmt: skip
     print("$ recoverd run --job demo --nproc-per-node 4 --strategies recover-in-place,exit --warm-spares 1 \\")
     print(f"      -- python examples/ddp_train.py --steps {STEPS}")
-    with open(out_path, "w") as out:
-        run = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "GRPC_VERBOSITY": "ERROR"}
-        )
+    run = start_run(argv, out_path)
     try:
-        endpoint = wait(
-            "the embedded etcd",
-            lambda: next(
-                (
-                    w.split("etcd ", 1)[1].split(",")[0]
-                    for w in out_path.read_text().splitlines()
-                    if w.startswith("recoverd run:")
-                ),
-                None,
-            ),
-        )
+        endpoint = etcd_endpoint(out_path)
         rank_log = logs / "rank1.log"
         wait(
             "training to reach step 60",

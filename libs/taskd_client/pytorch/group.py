@@ -65,12 +65,17 @@ class ResilientGroup:
         *,
         incarnation: str | None = None,
         timeout: timedelta = timedelta(seconds=60),
+        form_timeout: timedelta = timedelta(seconds=5),
     ) -> None:
         self.store = store
         self.rank = rank
         self.world_size = world_size
         self.incarnation = incarnation or f"{os.getpid()}@{time.time_ns()}"
         self.timeout = timeout
+        #: How long gloo may take to connect a new generation: a member that died after writing its
+        #: address (an `exit` that killed ranks mid-formation) is never reached, and gloo's connect
+        #: loop cannot be interrupted, so it must give up soon and move to the next generation.
+        self.form_timeout = form_timeout
         self._current: _Generation | None = None
         #: Failed groups, kept alive: destroying one whose thread is blocked would block us.
         self._parked: list[GlooGroup] = []
@@ -116,8 +121,9 @@ class ResilientGroup:
                 continue
             self._forming = number
             try:
-                prefixed = dist.PrefixStore(f"g{number}/pg/", self.store)
-                pg = dist.ProcessGroupGloo(prefixed, self.rank, self.world_size, self.timeout)
+                prefixed = dist.PrefixStore(f"g{number}/pg", self.store)  # PrefixStore adds the "/"
+                pg = dist.ProcessGroupGloo(prefixed, self.rank, self.world_size, self.form_timeout)
+                pg.set_timeout(self.timeout)  # collectives: peers may legitimately be slow
             except (GenerationAborted, RuntimeError, TimeoutError) as err:
                 # A peer died or restarted while the group was formed: this generation is lost.
                 self.store.compare_set(f"g{number}/abort", "", f"forming failed on rank {self.rank}: {err}"[:200])

@@ -113,7 +113,9 @@ class EtcdStore(dist.Store):
         return all(self._get_now(key) is not None for key in keys)
 
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:  # type: ignore[override]
-        limit = (timeout or self._timeout).total_seconds()
+        # gloo passes its (short) connect timeout here; waiting for a peer that is still starting
+        # (a replacement importing torch) is the store's own, longer wait, ended early by an abort.
+        limit = max(timeout or self._timeout, self._timeout).total_seconds()
         deadline = time.monotonic() + limit
         delay = POLL_MIN_S
         while not self.check(keys):

@@ -1,0 +1,63 @@
+"""taskd_client.pytorch.EtcdStore against a real etcd: the torch.distributed Store contract, and the
+abort that releases a blocked rendezvous read (docs/adr/0017)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+
+torch_distributed = pytest.importorskip("torch.distributed", reason="PyTorch is not installed")
+
+from taskd_client.pytorch.store import EtcdStore, GenerationAborted  # noqa: E402
+
+pytestmark = pytest.mark.etcd
+
+
+@pytest.fixture
+def store(etcd_endpoint: str, key_prefix: str):  # type: ignore[no-untyped-def]
+    made = EtcdStore(etcd_endpoint, f"{key_prefix}/rendezvous/j/r/", timeout=timedelta(seconds=5))
+    yield made
+    made.delete_prefix_now()
+    made.close()
+
+
+def test_set_get_add_compare_set_delete(store: EtcdStore) -> None:
+    store.set("a", "1")
+    assert store.get("a") == b"1"
+    assert store.add("n", 2) == 2 and store.add("n", 3) == 5
+    assert store.compare_set("gen", "", "0") == b"0"  # created: absent and expected empty
+    assert store.compare_set("gen", "7", "8") == b"0"  # not changed: returns the value held
+    assert store.compare_set("gen", "0", "1") == b"1"
+    assert store.check(["a", "gen"]) and not store.check(["a", "missing"])
+    assert store.num_keys() == 3
+    assert store.delete_key("a") and not store.check(["a"])
+
+
+def test_a_prefix_store_over_it_works_as_torch_uses_it(store: EtcdStore) -> None:
+    prefixed = torch_distributed.PrefixStore("g0/pg", store)  # torch joins with "/"
+    prefixed.set("k", b"v")
+    assert prefixed.get("k") == b"v"
+    assert store.get("g0/pg/k") == b"v"
+
+
+def test_get_blocks_until_the_key_is_set(store: EtcdStore) -> None:
+    threading.Timer(0.2, store.set, ("late", "x")).start()
+    started = time.monotonic()
+    assert store.get("late") == b"x"
+    assert time.monotonic() - started >= 0.15
+
+
+def test_a_blocked_get_gives_up_when_its_generation_is_aborted(store: EtcdStore) -> None:
+    store.interrupted = lambda: "generation 3 aborted" if store.check(["g3/abort"]) else None
+    threading.Timer(0.2, store.set, ("g3/abort", "peer died")).start()
+    with pytest.raises(GenerationAborted, match="generation 3 aborted"):
+        store.get("never-set")
+
+
+def test_get_times_out_with_the_key_named(store: EtcdStore) -> None:
+    store.set_timeout(timedelta(seconds=0.3))
+    with pytest.raises(TimeoutError, match="never"):
+        store.get("never")

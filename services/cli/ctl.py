@@ -80,6 +80,7 @@ def status_dict(view: JobView) -> dict[str, Any]:
             for name, n in sorted(view.nodes.items())
         },
         "spares": list(idle_spares(view)),
+        "warm_spares": {node: list(t.warm_spare_pids) for node, t in sorted(view.ranks.items()) if t.warm_spare_pids},
         "isolated": [{"rank": p.rank, "node": p.node} for p in view.recovery.isolated] if view.recovery else [],
         "ranks": [
             {
@@ -125,6 +126,9 @@ def format_status(data: dict[str, Any]) -> str:
             f"downgraded: training with {data['world_size'] - len(out)} of {data['world_size']} ranks;"
             f" ranks {out} are isolated until a spare registers"
         )
+    if data["warm_spares"]:
+        waiting = "; ".join(f"{node}: pids {pids}" for node, pids in data["warm_spares"].items())
+        lines.append(f"warm spare processes waiting for a rank: {waiting}")
     if data["spares"]:
         lines.append(f"idle spare node(s): {', '.join(data['spares'])}")
     rec = data["recovery"]

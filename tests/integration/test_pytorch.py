@@ -20,6 +20,7 @@ from recoverd.records import pb
 
 from . import cluster as harness
 from .cluster import ROOT, Cluster
+from .test_bad_input import _cli
 
 pytest.importorskip("torch", reason="PyTorch is not installed (pip install -r requirements-torch.txt)")
 
@@ -136,6 +137,8 @@ def test_a_warm_spare_becomes_the_replacement(cluster: Cluster, reference: str) 
     spares = cluster.wait_for(
         "a warm spare", lambda: list(cluster.view(job).ranks["node1"].warm_spare_pids), timeout=60
     )
+    shown = _cli("recoverd.cli.ctl", ["--etcd", cluster.endpoint, "--prefix", cluster.prefix, "status", job]).stdout
+    assert f"warm spare processes waiting for a rank: node1: pids [{spares[0]}]" in shown
     target = 10
     cluster.wait_for(f"step {target}", lambda: target in _done_steps(_log(cluster, job, 1, "node1"), 1), timeout=60)
     os.kill(before[1].pid, signal.SIGKILL)

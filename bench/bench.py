@@ -366,12 +366,12 @@ def kill_after_step(job: Job, rank: int, step: int, jitter_s: float) -> tuple[in
     recovery. Returns (pid, kill time)."""
     marker = f"rank {rank} step {step} done"
     path = wait(f"rank {rank}'s log", lambda: job.victim_log(rank).exists() and job.victim_log(rank), 180)
+    pid = rank_pid(job, rank)  # before the marker: looking it up takes longer than a step
     deadline = time.monotonic() + 180
     while marker not in path.read_text(errors="replace"):  # a tight poll: the kill lands early in the step
         if time.monotonic() > deadline:
             raise SystemExit(f"bench: rank {rank} never reached step {step}")
         time.sleep(0.001)
-    pid = rank_pid(job, rank)
     time.sleep(random.random() * jitter_s)
     killed = time.time()
     os.kill(pid, signal.SIGKILL)
@@ -382,7 +382,8 @@ def p3_trial(workdir: Path, system: str, trial: int, steps: int) -> float:
     name = f"p3-{system}-{trial}"
     with start_system(workdir, system, name, steps) as job:
         if system == "recoverd-warm":
-            wait("a warm spare", lambda: "warm spare pid" in job.out.read_text(), 120)
+            ready = job.logs / "warm-spares.log"
+            wait("a warm spare ready", lambda: ready.exists() and " ready" in ready.read_text(), 120)
         pid, killed = kill_after_step(job, 1, random.randrange(30, 60), 0.004)
         took = wait(f"{name}: the next step", lambda: time_to_next_step(job, killed, pid), 120)
         return float(took)

@@ -201,6 +201,10 @@ class NodeAgent:
         self._mirrored: ResetState | None = None
         self._record_stale = False
         self._warm: list[RankProcess] = []
+        self._refill: asyncio.TimerHandle | None = None
+        self._spare_deaths = 0
+        #: Set when the agent is ending: no warm spare is started any more.
+        self._stopping = False
         #: epoch -> why this node could not carry out that epoch's command (reported as code 1).
         self._failed_commands: dict[int, str] = {}
         resetfile.check_paths(settings.reset_json, settings.reset_json_mirror)
@@ -498,7 +502,8 @@ class NodeAgent:
 
     def _fill_warm_spares(self) -> None:
         """Start warm spares until ``warm_spares`` are waiting (only the process launcher has them)."""
-        if not isinstance(self._launcher, Launcher) or not type(self._launcher).starts_any_rank:
+        self._refill = None
+        if self._stopping or not isinstance(self._launcher, Launcher) or not type(self._launcher).starts_any_rank:
             return
         self._warm = [p for p in self._warm if p.is_spare and p.is_running]
         while len(self._warm) < self.settings.warm_spares:
@@ -523,11 +528,19 @@ class NodeAgent:
                 log.warning("agent %s: %s", self.settings.node, err)
                 continue
             log.info("agent %s: rank %d is warm spare pid %d", self.settings.node, launch.rank, proc.pid)
-            asyncio.get_running_loop().call_later(self.settings.warm_spare_refill_s, self._fill_warm_spares)
+            self._refill_later(self.settings.warm_spare_refill_s)
             return proc
         return None
 
+    def _refill_later(self, delay_s: float) -> None:
+        if self._refill is None and not self._stopping:
+            self._refill = asyncio.get_running_loop().call_later(delay_s, self._fill_warm_spares)
+
     async def _stop_warm_spares(self) -> None:
+        self._stopping = True
+        if self._refill is not None:
+            self._refill.cancel()
+            self._refill = None
         spares, self._warm = [p for p in self._warm if p.is_running], []
         if spares and self._launcher is not None:
             await asyncio.gather(*(self._launcher.stop(p, self.settings.stop_grace_s) for p in spares))
@@ -547,6 +560,9 @@ class NodeAgent:
         if proc in self._warm:
             self._warm.remove(proc)
             log.warning("agent %s: warm spare pid %d ended: %s", self.settings.node, proc.pid, info.describe())
+            self._spare_deaths += 1
+            # Replaced, more slowly each time (a script that cannot be a warm spare dies at once).
+            self._refill_later(min(60.0, self.settings.warm_spare_refill_s * 2**self._spare_deaths))
             self._dirty.set()
             return
         slot = self.slots.get(proc.rank)

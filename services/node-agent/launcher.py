@@ -11,7 +11,7 @@
 * :meth:`Launcher.stop` sends SIGTERM to the group, waits ``grace_s`` on one deadline, then SIGKILL.
 * Output goes to one log file per rank, opened for append with a header line per attempt; the tail
   of that file is what a fault record carries.
-* **Warm spares** (:meth:`Launcher.start_spare`, :meth:`Launcher.assign`): processes of the job's
+* **Warm spares** (``Launcher.start(..., spare=True)``, :meth:`Launcher.assign`): processes of the job's
   command started ahead of time with ``RECOVERD_WARM_SPARE_FD`` set, which import the framework and
   then block reading that pipe. Assigning one writes the rank's environment and log file as one
   JSON line; the process becomes the rank without paying interpreter and import time
@@ -25,6 +25,7 @@ import contextlib
 import json
 import logging
 import os
+import select
 import signal
 import subprocess
 import time
@@ -95,6 +96,8 @@ class RankProcess:
     _popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     #: A warm spare's end of its assignment pipe (-1 once assigned, or for a rank).
     _assign_fd: int = field(default=-1, repr=False)
+    #: A warm spare's environment (an assignment sends only what differs).
+    _env: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def is_spare(self) -> bool:
@@ -192,6 +195,7 @@ class Launcher:
             _pidfd=pidfd,
             _popen=popen,
             _assign_fd=write_fd,
+            _env=env if spare else {},
         )
         self._procs.add(proc)
         self._loop.add_reader(pidfd, self._reap, proc)
@@ -202,16 +206,20 @@ class Launcher:
         ``launch.log_path`` from now on (same pid). Raise LaunchFailed if the spare is gone."""
         if not spare.is_spare or not spare.is_running:
             raise LaunchFailed(f"rank {launch.rank}: warm spare pid {spare.pid} is not available")
-        if launch.log_path:
-            os.makedirs(os.path.dirname(launch.log_path) or ".", exist_ok=True)
-            with open(launch.log_path, "ab", buffering=0) as log_file:
-                if launch.header:
-                    log_file.write(f"==== {launch.header} (warm spare pid {spare.pid}) ====\n".encode())
-        message = json.dumps({"env": dict(launch.env), "log_path": launch.log_path, "rank": launch.rank}) + "\n"
+        # Only what differs from the spare's own environment: the message must fit the pipe.
+        env = {k: v for k, v in launch.env.items() if spare._env.get(k) != v}
+        message = (json.dumps({"env": env, "log_path": launch.log_path, "rank": launch.rank}) + "\n").encode()
         try:
-            data = memoryview(message.encode())
-            while data:
-                data = data[os.write(spare._assign_fd, data) :]
+            if len(message) > select.PIPE_BUF * 16:
+                raise OSError(f"assignment of {len(message)} bytes would not fit the pipe")
+            if launch.log_path:
+                os.makedirs(os.path.dirname(launch.log_path) or ".", exist_ok=True)
+                with open(launch.log_path, "ab", buffering=0) as log_file:
+                    if launch.header:
+                        log_file.write(f"==== {launch.header} (warm spare pid {spare.pid}) ====\n".encode())
+            os.set_blocking(spare._assign_fd, False)  # never wait on a wedged spare
+            if os.write(spare._assign_fd, message) != len(message):
+                raise OSError("the assignment was only partly written")
         except OSError as err:
             raise LaunchFailed(f"rank {launch.rank}: warm spare pid {spare.pid} did not take it: {err}") from err
         finally:

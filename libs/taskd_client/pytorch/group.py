@@ -36,6 +36,8 @@ __all__ = ["GroupFailed", "ResilientGroup"]
 
 ABORT_CHECK_S = 0.005
 POLL_MAX_S = 0.001
+#: A parked group is dropped this long after its timeout (its thread has unwound by then).
+PARK_MARGIN_S = 10.0
 
 
 class GroupFailed(RuntimeError):
@@ -78,7 +80,7 @@ class ResilientGroup:
         self.form_timeout = form_timeout
         self._current: _Generation | None = None
         #: Failed groups, kept alive: destroying one whose thread is blocked would block us.
-        self._parked: list[GlooGroup] = []
+        self._parked: list[tuple[float, GlooGroup]] = []
         self._forming = -1
         store.interrupted = self._interrupted
 
@@ -98,16 +100,27 @@ class ResilientGroup:
         if self._current is None:
             return
         number = self._current.number
+        self._park(self._current.pg)
+        self._current = None
         self.store.compare_set(f"g{number}/abort", "", why[:200])
         self.store.compare_set("gen", str(number), str(number + 1))
-        self._parked.append(self._current.pg)
-        self._current = None
 
-    def form(self) -> int:
-        """Join the current generation (aborting stale ones); return its number once formed."""
+    def _park(self, pg: GlooGroup) -> None:
+        """Keep a failed group alive until its own timeout has surely released its thread."""
+        now = time.monotonic()
+        keep = self.timeout.total_seconds() + PARK_MARGIN_S
+        self._parked = [(at, old) for at, old in self._parked if now - at < keep]
+        self._parked.append((now, pg))
+
+    def form(self, deadline: float | None = None) -> int:
+        """Join the current generation (aborting stale ones); return its number once formed.
+
+        ``deadline`` (time.monotonic()): raise GroupFailed instead of trying another generation."""
         if self._current is not None:
             self.abort("re-forming")
         while True:
+            if deadline is not None and time.monotonic() > deadline:
+                raise GroupFailed("no generation could be formed before the deadline")
             number = int(self.store.compare_set("gen", "", "0"))
             if self.store.check([f"g{number}/abort"]):
                 self.store.compare_set("gen", str(number), str(number + 1))
@@ -132,6 +145,9 @@ class ResilientGroup:
             finally:
                 self._forming = -1
             self._current = _Generation(number, pg)
+            if number >= 2:
+                # Two generations back is surely over: its keys only take etcd space.
+                self.store.delete_prefix_now(f"g{number - 2}/")
             return number
 
     # ------------------------------------------------------------------ collectives
@@ -147,7 +163,8 @@ class ResilientGroup:
         while not work.is_completed():
             now = time.monotonic()
             if now >= next_check:
-                if self.store.check([f"g{number}/abort"]):
+                # An etcd hiccup is "don't know": keep polling the collective itself.
+                if self.store.check_or_none([f"g{number}/abort"]):
                     self.abort(f"{what} released: generation {number} aborted")
                     raise GroupFailed(f"generation {number} aborted during {what}")
                 next_check = now + ABORT_CHECK_S

@@ -20,13 +20,16 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from recoverd.errors import EtcdUnavailable
 from recoverd.store import Absent, Put, Store, ValueIs
 from taskd_client.loop_thread import LoopThread
 
 __all__ = ["EtcdStore", "GenerationAborted"]
 
-#: etcd calls from the store give up after this long (a rank must never hang on a dead etcd).
+#: One etcd call gives up after this long (a rank must never hang on a dead etcd).
 OP_TIMEOUT_S = 10.0
+#: How long an etcd outage is ridden out before a store call fails.
+RETRY_S = 30.0
 POLL_MIN_S = 0.001
 POLL_MAX_S = 0.02
 
@@ -62,8 +65,19 @@ class EtcdStore(dist.Store):
     def _key(self, key: str) -> str:
         return f"{self._prefix}{key}"
 
-    def _run(self, coro):  # type: ignore[no-untyped-def]
-        return self._loop.call(coro, OP_TIMEOUT_S)
+    def _run(self, make):  # type: ignore[no-untyped-def]
+        """Run ``make()``'s coroutine on the loop; an etcd outage is retried for up to
+        ``RETRY_S`` (a leader election, a restart), then raised."""
+        deadline = time.monotonic() + RETRY_S
+        delay = 0.05
+        while True:
+            try:
+                return self._loop.call(make(), OP_TIMEOUT_S)
+            except EtcdUnavailable:
+                if time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
     def _deadline(self) -> float:
         return time.monotonic() + self._timeout.total_seconds()
@@ -77,7 +91,7 @@ class EtcdStore(dist.Store):
         """Release the etcd connection and the loop thread; idempotent."""
         if not self._loop.loop.is_closed():
             try:
-                self._run(self._store.aclose())
+                self._loop.call(self._store.aclose(), OP_TIMEOUT_S)
             finally:
                 self._loop.close()
 
@@ -90,10 +104,10 @@ class EtcdStore(dist.Store):
         return self._timeout
 
     def set(self, key: str, value: str | bytes) -> None:  # type: ignore[override]
-        self._run(self._store.put(self._key(key), _as_bytes(value)))
+        self._run(lambda: self._store.put(self._key(key), _as_bytes(value)))
 
     def _get_now(self, key: str) -> bytes | None:
-        kv = self._run(self._store.get(self._key(key)))
+        kv = self._run(lambda: self._store.get(self._key(key)))
         return None if kv is None else bytes(kv.value)
 
     def get(self, key: str) -> bytes:  # type: ignore[override]
@@ -112,6 +126,14 @@ class EtcdStore(dist.Store):
     def check(self, keys: list[str]) -> bool:  # type: ignore[override]
         return all(self._get_now(key) is not None for key in keys)
 
+    def check_or_none(self, keys: list[str]) -> bool | None:
+        """:meth:`check` with no retry: None when etcd cannot answer right now."""
+        try:
+            snaps = [self._loop.call(self._store.get(self._key(key)), OP_TIMEOUT_S) for key in keys]
+        except EtcdUnavailable:
+            return None
+        return all(kv is not None for kv in snaps)
+
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:  # type: ignore[override]
         # gloo passes its (short) connect timeout here; waiting for a peer that is still starting
         # (a replacement importing torch) is the store's own, longer wait, ended early by an abort.
@@ -128,14 +150,11 @@ class EtcdStore(dist.Store):
     def add(self, key: str, amount: int) -> int:  # type: ignore[override]
         full = self._key(key)
         while True:
-            kv = self._run(self._store.get(full))
-            if kv is None:
-                new = amount
-                done = self._run(self._store.txn([Absent(full)], [Put(full, str(new).encode())]))
-            else:
-                new = int(kv.value or b"0") + amount
-                done = self._run(self._store.txn([ValueIs(full, kv.value)], [Put(full, str(new).encode())]))
-            if done.succeeded:
+            kv = self._run(lambda: self._store.get(full))
+            new = amount if kv is None else int(kv.value or b"0") + amount
+            compare = Absent(full) if kv is None else ValueIs(full, kv.value)
+            put = Put(full, str(new).encode())
+            if self._run(lambda c=compare, p=put: self._store.txn([c], [p])).succeeded:
                 return new
 
     def compare_set(self, key: str, expected_value: str | bytes, desired_value: str | bytes) -> bytes:  # type: ignore[override]
@@ -144,16 +163,16 @@ class EtcdStore(dist.Store):
         full = self._key(key)
         expected, desired = _as_bytes(expected_value), _as_bytes(desired_value)
         compare = Absent(full) if not expected else ValueIs(full, expected)
-        if self._run(self._store.txn([compare], [Put(full, desired)])).succeeded:
+        if self._run(lambda: self._store.txn([compare], [Put(full, desired)])).succeeded:
             return desired
         current = self._get_now(key)
         return current if current is not None else expected
 
     def delete_key(self, key: str) -> bool:  # type: ignore[override]
-        return bool(self._run(self._store.delete(self._key(key))))
+        return bool(self._run(lambda: self._store.delete(self._key(key))))
 
     def num_keys(self) -> int:  # type: ignore[override]
-        snap = self._run(self._store.get_prefix(self._prefix, keys_only=True))
+        snap = self._run(lambda: self._store.get_prefix(self._prefix, keys_only=True))
         return len(snap.kvs)
 
     def multi_get(self, keys: list[str]) -> list[bytes]:  # type: ignore[override]
@@ -161,11 +180,11 @@ class EtcdStore(dist.Store):
 
     def multi_set(self, keys: list[str], values: list[str | bytes]) -> None:  # type: ignore[override]
         ops = [Put(self._key(k), _as_bytes(v)) for k, v in zip(keys, values, strict=True)]
-        self._run(self._store.txn([], ops))
+        self._run(lambda: self._store.txn([], ops))
 
-    def delete_prefix_now(self) -> None:
-        """Remove every key of this store (tests and tools)."""
-        self._run(self._store.delete_prefix(self._prefix))
+    def delete_prefix_now(self, below: str = "") -> None:
+        """Remove every key of this store below ``below`` (all of them by default)."""
+        self._run(lambda: self._store.delete_prefix(self._key(below)))
 
     def __repr__(self) -> str:
         return f"EtcdStore({self._store.endpoint}, {self._prefix!r})"

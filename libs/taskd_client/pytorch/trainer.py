@@ -14,12 +14,16 @@ What happens on a peer's failure (recover-in-place: recoverd restarts only the d
 1. the survivors' gradient all-reduce fails or is aborted (:mod:`.group`); nobody exits;
 2. every rank forms the next generation of the group, the replacement included (it joins when the
    agent has started it);
-3. the ranks agree on the step to resume: the lowest step any rank holding state has completed. A
-   survivor that already applied that step (the all-reduce completed for it but not for a peer)
-   rolls back to the snapshot taken before its optimizer step;
-4. the lowest-numbered rank holding state broadcasts the model's and the optimizer's state (bytes of
-   ``torch.save``), so the replacement needs no checkpoint on disk, and every rank carries on from
-   the same step with bitwise the same state.
+3. the ranks agree on the step to resume: the lowest step any rank holding the freshest state has
+   completed (a survivor whose all-reduce completed when a peer's did not is one step ahead);
+4. the lowest-numbered rank at that step broadcasts the model's, the optimizer's and any ``extra``
+   object's state (bytes of ``torch.save``): the replacement needs no checkpoint on disk, a rank
+   that was ahead is put back, and every rank carries on from the same step with bitwise the same
+   state. Model buffers that a forward pass changes (BatchNorm statistics) are restored to the
+   start of the interrupted step first, so re-running it does not count it twice.
+
+The training loop ends with a barrier: a rank that completed the last step while a peer died in it
+does not leave before the others have it too (it takes part in their recovery instead).
 
 The same path serves ``retry``: a rank that raises :class:`RetryableFault` inside ``step_scope``
 aborts the generation, and every rank rolls the step back and runs it again, with no process
@@ -30,7 +34,6 @@ restarted. A fresh rank (at the job's start, or a replacement) may bring state f
 from __future__ import annotations
 
 import contextlib
-import copy
 import io
 import logging
 import os
@@ -109,11 +112,19 @@ class ResilientTrainer:
         env: RankEnv | None = None,
         load_state: Callable[[], tuple[int, dict[str, Any]] | None] | None = None,
         timeout: timedelta = timedelta(seconds=60),
+        recover_timeout: timedelta = timedelta(seconds=300),
+        extra: dict[str, Any] | None = None,
         on_event: Callable[[str], None] | None = None,
     ) -> None:
         self.env = env or RankEnv.from_environ()
         self.model = model
         self.optimizer = optimizer
+        #: Other objects with state_dict()/load_state_dict() (LR schedulers, GradScaler, ...) whose
+        #: state travels with the model's.
+        self.extra = dict(extra or {})
+        #: A recovery that cannot form a group within this long ends the rank (exit 1), so
+        #: recoverd takes over (a peer that already finished, or one that hangs).
+        self.recover_timeout = recover_timeout
         self.rank = self.env.rank
         self.world_size = self.env.world_size
         self._on_event = on_event or (lambda text: log.info("%s", text))
@@ -125,7 +136,8 @@ class ResilientTrainer:
         #: What state this rank holds: NONE, FROM_DISK (load_state) or LIVE (trained in this process,
         #: newer than any checkpoint).
         self._state = _NONE
-        self._snapshot: tuple[dict[str, Any], dict[str, Any]] | None = None
+        #: The model's buffers at the start of the current step (a forward pass may change them).
+        self._buffers: dict[str, torch.Tensor] = {}
         self._applied = False
         self.recoveries = 0
         loaded = load_state() if load_state else None
@@ -137,13 +149,28 @@ class ResilientTrainer:
 
     # ------------------------------------------------------------------ the loop
     def steps(self, total: int) -> Iterator[int]:
-        """Yield the step to run until ``total`` steps are done; after a recovery, the agreed step."""
-        while self.step < total:
-            self._applied = False
-            recoveries = self.recoveries
-            yield self.step
-            if not self._applied and self.recoveries == recoveries:
-                raise RuntimeError("call trainer.apply() once in every step")
+        """Yield the step to run until ``total`` steps are done in every rank; after a recovery,
+        the agreed step (so a step can come again)."""
+        while True:
+            while self.step < total:
+                self._applied = False
+                recoveries = self.recoveries
+                self._buffers = {name: b.detach().clone() for name, b in self.model.named_buffers()}
+                yield self.step
+                if not self._applied and self.recoveries == recoveries:
+                    raise RuntimeError("call trainer.apply() once in every step")
+            if self._all_done():
+                return
+
+    def _all_done(self) -> bool:
+        """The closing barrier: True once every rank has completed every step."""
+        try:
+            self.group.allreduce_(torch.zeros(1))
+            return True
+        except GroupFailed as err:
+            self._emit(f"rank {self.rank}: a peer failed at the end of training: {err}")
+            self._recover("peer failure")
+            return False
 
     @contextlib.contextmanager
     def step_scope(self) -> Iterator[None]:
@@ -169,17 +196,17 @@ class ResilientTrainer:
         flat /= self.world_size
         for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
             grad.copy_(synced)
-        self._snapshot = (
-            {k: v.detach().clone() for k, v in self.model.state_dict().items()},
-            copy.deepcopy(self.optimizer.state_dict()),
-        )
         self.optimizer.step()
         self.step += 1
         self._applied = True
         return True
 
     def state(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "extra": {name: obj.state_dict() for name, obj in self.extra.items()},
+        }
 
     def close(self) -> None:
         self.group.close()
@@ -192,12 +219,26 @@ class ResilientTrainer:
     def _load(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        for name, obj in self.extra.items():
+            if name in state.get("extra", {}):
+                obj.load_state_dict(state["extra"][name])
 
     def _recover(self, why: str) -> None:
         started = time.monotonic()
+        if self._buffers and self._state == _LIVE:
+            # The interrupted step's forward pass may have changed them; it will run again.
+            with torch.no_grad():
+                for name, buffer in self.model.named_buffers():
+                    if name in self._buffers:
+                        buffer.copy_(self._buffers[name])
         while True:
+            if time.monotonic() - started > self.recover_timeout.total_seconds():
+                raise RuntimeError(
+                    f"rank {self.rank}: no group formed within {self.recover_timeout.total_seconds():g}s ({why});"
+                    " giving up so that recoverd takes over"
+                )
             try:
-                generation = self.group.form()
+                generation = self.group.form(deadline=started + self.recover_timeout.total_seconds())
                 formed = time.monotonic()
                 source = self._sync()
                 break
@@ -212,22 +253,20 @@ class ResilientTrainer:
         )
 
     def _sync(self) -> int:
-        """Agree on the step, roll back if ahead, and copy the state from the lowest holder.
+        """Agree on the step and copy the state from the lowest-numbered rank at it.
 
         The holders are the ranks with the freshest kind of state: live state (survivors) wins over
-        a checkpoint loaded from disk (a replacement), which wins over none (all fresh)."""
+        a checkpoint loaded from disk (a replacement), which wins over none (all fresh). The step
+        is the lowest a holder has completed; every other rank, one that was ahead included, takes
+        the source's state."""
         mine = torch.tensor([self._state, self.step], dtype=torch.int64)
         everyone = self.group.allgather(mine)
         best = max(int(t[0]) for t in everyone)
         holders = [r for r, t in enumerate(everyone) if int(t[0]) == best]
-        source = min(holders)
         resume = min(int(everyone[r][1]) for r in holders) if best != _NONE else 0
-        if self._state == best != _NONE and self.step > resume:
-            if self.step != resume + 1 or self._snapshot is None:
-                raise RuntimeError(f"rank {self.rank} is at step {self.step}, cannot roll back to {resume}")
-            model_state, optimizer_state = self._snapshot
-            self._load({"model": model_state, "optimizer": optimizer_state})
-            self._emit(f"rank {self.rank}: rolled back from step {self.step} to {resume}")
+        source = min(r for r in holders if best == _NONE or int(everyone[r][1]) == resume)
+        if self.rank != source and self._state == best != _NONE and self.step > resume:
+            self._emit(f"rank {self.rank}: back from step {self.step} to {resume}")
         blob = _to_bytes(self.state()) if self.rank == source else torch.empty(0, dtype=torch.uint8)
         size = self.group.broadcast_(torch.tensor([blob.numel()], dtype=torch.int64), source)
         if self.rank != source:
@@ -237,5 +276,4 @@ class ResilientTrainer:
             self._load(_from_bytes(blob))
         self.step = resume
         self._state = _LIVE
-        self._snapshot = None
         return source

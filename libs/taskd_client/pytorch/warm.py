@@ -42,6 +42,7 @@ def wait_for_rank() -> bool:
         return False
     _warm_up()
     ready = time.time()
+    print(f"warm spare pid {os.getpid()} ready", flush=True)
     with os.fdopen(int(fd_text), "rb") as pipe:
         line = pipe.readline()
     if not line:

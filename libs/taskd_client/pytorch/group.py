@@ -22,6 +22,7 @@ Generation bookkeeping in the store: ``gen`` (the current number), ``g<n>/abort`
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -36,6 +37,8 @@ __all__ = ["GroupFailed", "ResilientGroup"]
 
 ABORT_CHECK_S = 0.005
 POLL_MAX_S = 0.001
+#: How often a rank connecting a new generation checks whether it was aborted.
+CONNECT_CHECK_S = 0.01
 #: A parked group is dropped this long after its timeout (its thread has unwound by then).
 PARK_MARGIN_S = 10.0
 
@@ -82,6 +85,7 @@ class ResilientGroup:
         #: Failed groups, kept alive: destroying one whose thread is blocked would block us.
         self._parked: list[tuple[float, GlooGroup]] = []
         self._forming = -1
+        self._connecting = threading.local()
         store.interrupted = self._interrupted
 
     @property
@@ -90,9 +94,11 @@ class ResilientGroup:
 
     # ------------------------------------------------------------------ generations
     def _interrupted(self) -> str | None:
-        """The store's blocking reads stop when the generation being formed is aborted."""
-        if self._forming >= 0 and self.store.check([f"g{self._forming}/abort"]):
-            return f"generation {self._forming} aborted"
+        """The store's blocking reads stop when the generation being formed (by the calling
+        thread: each connect runs on its own) is aborted."""
+        number = getattr(self._connecting, "number", self._forming)
+        if number >= 0 and self.store.check([f"g{number}/abort"]):
+            return f"generation {number} aborted"
         return None
 
     def abort(self, why: str) -> None:
@@ -134,9 +140,7 @@ class ResilientGroup:
                 continue
             self._forming = number
             try:
-                prefixed = dist.PrefixStore(f"g{number}/pg", self.store)  # PrefixStore adds the "/"
-                pg = dist.ProcessGroupGloo(prefixed, self.rank, self.world_size, self.form_timeout)
-                pg.set_timeout(self.timeout)  # collectives: peers may legitimately be slow
+                pg = self._connect(number)
             except (GenerationAborted, RuntimeError, TimeoutError) as err:
                 # A peer died or restarted while the group was formed: this generation is lost.
                 self.store.compare_set(f"g{number}/abort", "", f"forming failed on rank {self.rank}: {err}"[:200])
@@ -149,6 +153,32 @@ class ResilientGroup:
                 # Two generations back is surely over: its keys only take etcd space.
                 self.store.delete_prefix_now(f"g{number - 2}/")
             return number
+
+    def _connect(self, number: int) -> GlooGroup:
+        """Build generation ``number``'s gloo group on a helper thread, and give up on it as soon as
+        the generation is aborted: gloo's connect loop cannot be interrupted, and a member that died
+        after writing its address (an `exit` mid-recovery) would hold it for the connect timeout."""
+        built: dict[str, Any] = {}
+
+        def build() -> None:
+            self._connecting.number = number
+            try:
+                prefixed = dist.PrefixStore(f"g{number}/pg", self.store)  # PrefixStore adds the "/"
+                pg = dist.ProcessGroupGloo(prefixed, self.rank, self.world_size, self.form_timeout)
+                pg.set_timeout(self.timeout)  # collectives: peers may legitimately be slow
+                built["pg"] = pg
+            except BaseException as err:  # handed to the caller's thread
+                built["error"] = err
+
+        thread = threading.Thread(target=build, name=f"gloo-connect-g{number}", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(CONNECT_CHECK_S)
+            if thread.is_alive() and self.store.check_or_none([f"g{number}/abort"]):
+                raise GenerationAborted(f"generation {number} aborted while connecting")
+        if "error" in built:
+            raise built["error"]
+        return built["pg"]
 
     # ------------------------------------------------------------------ collectives
     def _pg(self) -> GlooGroup:

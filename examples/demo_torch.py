@@ -67,7 +67,7 @@ def main() -> int:
         for rank in range(4):
             text = (logs / f"rank{rank}.log").read_text()
             for line in text.splitlines():
-                if "interrupted" in line or "formed" in line or "warm spare" in line or "rolled back" in line:
+                if "interrupted" in line or "formed" in line or "warm spare" in line or "back from step" in line:
                     print(f"  {line[:160]}")
         print("\n$ recoverctl timeline demo\n")
         print(ctl(endpoint, "timeline", JOB))

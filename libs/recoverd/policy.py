@@ -28,6 +28,7 @@ import yaml
 from recoverd.errors import ConfigError, RecoverdError
 from recoverd.keys import check_id
 from recoverd.records import pb
+from recoverd.strategies import ALL_STRATEGIES
 
 __all__ = [
     "DEADLINE_KEYS",
@@ -41,8 +42,8 @@ __all__ = [
     "policy_dict",
 ]
 
-#: Strategy names, in MindCluster's priority order (the selector's ALL_STRATEGIES).
-KNOWN_STRATEGIES = ("retry", "recover-in-place", "recover", "elastic-training", "dump", "exit")
+#: Strategy names, in MindCluster's priority order (recoverd.strategies owns them).
+KNOWN_STRATEGIES = ALL_STRATEGIES
 #: The file's deadline keys -> the fields of pb.PolicyDeadlines (and of the coordinator's Timeouts).
 DEADLINE_KEYS = {
     "fault_window": "fault_window_s",

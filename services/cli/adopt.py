@@ -34,7 +34,7 @@ from recoverd.agent.runtime import OnExit
 from recoverd.errors import ConfigError, RecoverdError
 from recoverd.keys import DEFAULT_PREFIX, Keyspace, check_id
 from recoverd.store import Store
-from recoverd.strategy.selector import ALL_STRATEGIES
+from recoverd.strategies import parse_strategies
 
 __all__ = ["build_parser", "main", "settings_for"]
 
@@ -101,10 +101,7 @@ def settings_for(args: argparse.Namespace, captured: Sequence[Captured]) -> Agen
         raise ConfigError("no job: pass --job, or set RECOVERD_JOB or MINDX_TASK_ID")
     if not args.etcd:
         raise ConfigError("no etcd endpoint: pass --etcd or set RECOVERD_ETCD")
-    strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
-    unknown = [s for s in strategies if s not in ALL_STRATEGIES]
-    if unknown or not strategies:
-        raise ConfigError(f"unknown strategies {unknown or args.strategies!r}")
+    strategies = parse_strategies(args.strategies, where="--strategies")
     per_node = len(captured)
     ranks = sorted(c.rank for c in captured)
     node_rank = ranks[0] // per_node

@@ -44,7 +44,7 @@ from recoverd.keys import DEFAULT_PREFIX, Keyspace, check_id
 from recoverd.policy import load_policy
 from recoverd.records import pb
 from recoverd.store import Store, parse_endpoints
-from recoverd.strategy.selector import ALL_STRATEGIES
+from recoverd.strategies import parse_strategies
 from recoverd.strategy.service import StrategyService
 
 __all__ = ["main"]
@@ -57,13 +57,10 @@ class ShutdownRequested(Exception):
 
 
 def _strategies(text: str) -> tuple[str, ...]:
-    items = tuple(s.strip() for s in text.split(",") if s.strip())
-    unknown = [s for s in items if s not in ALL_STRATEGIES]
-    if unknown or not items:
-        raise argparse.ArgumentTypeError(
-            f"unknown strategy {', '.join(unknown) or '(none)'}; choose from {', '.join(ALL_STRATEGIES)}"
-        )
-    return items
+    try:
+        return parse_strategies(text)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(err.detail.removeprefix("strategies: ")) from None
 
 
 def _add_common(parser: argparse.ArgumentParser, *, etcd_required: bool) -> None:

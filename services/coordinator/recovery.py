@@ -44,6 +44,7 @@ from enum import StrEnum
 
 from recoverd import participants as participant_ids
 from recoverd.errors import IllegalTransition, StaleEpoch
+from recoverd.strategies import CHEAPER_THAN_EXIT, NODE_WIDE
 
 __all__ = [
     "CHEAPER_THAN_EXIT",
@@ -106,16 +107,9 @@ class Phase(StrEnum):
     """No strategy is left (or `exit` failed): the job is failed, killMaster was sent. Terminal."""
 
 
-#: Strategies cheaper than `exit`, in MindCluster's priority order. A phase that cannot complete
-#: (a stop or strategies deadline) rules them all out, leaving `exit`.
-CHEAPER_THAN_EXIT = ("retry", "recover-in-place", "recover", "elastic-training", "dump")
-
-#: Strategies whose agents restart the faulty ranks' processes; `retry` and `dump` are carried out
-#: by the job itself (its client) and send no command, `exit` restarts every rank.
-RESTARTS_FAULTY_RANKS = frozenset({"recover-in-place", "recover", "elastic-training"})
-
-#: Strategies that act on every rank of a faulty node (upstream's node-wide expansion).
-NODE_WIDE = frozenset({"recover", "elastic-training"})
+# CHEAPER_THAN_EXIT (ruled out together when a phase cannot complete), RESTARTS_FAULTY_RANKS
+# (`retry` and `dump` are carried out by the job itself, `exit` restarts every rank) and NODE_WIDE
+# come from recoverd.strategies, the one module that names the strategies.
 
 #: upstream's extraParams of the `exit` that follows a saved `dump` (dump_exit).
 DUMP_EXIT = "dump_exit"

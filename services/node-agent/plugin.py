@@ -33,7 +33,7 @@ from recoverd.agent.runtime import OnExit
 from recoverd.errors import ConfigError, RecoverdError
 from recoverd.keys import DEFAULT_PREFIX, Keyspace, check_id
 from recoverd.store import Store
-from recoverd.strategy.selector import ALL_STRATEGIES
+from recoverd.strategies import parse_strategies
 
 __all__ = ["EXIT_CONFIG_ERROR", "layout_from_env", "run_msrun_plugin", "settings_from_env"]
 
@@ -102,14 +102,11 @@ def settings_from_env(environ: Mapping[str, str], layout: MsrunLayout) -> AgentS
         raise ConfigError(f"no etcd endpoint: set RECOVERD_ETCD{hint}")
     node = environ.get("RECOVERD_NODE") or environ.get("POD_NAME") or socket.gethostname().split(".")[0]
     if environ.get("RECOVERD_STRATEGIES"):
-        strategies = tuple(s.strip() for s in environ["RECOVERD_STRATEGIES"].split(",") if s.strip())
+        strategies = parse_strategies(environ["RECOVERD_STRATEGIES"], where="RECOVERD_STRATEGIES")
     elif environ.get("ENABLE_RESTART_FAULT_PROCESS", "").lower() == "on":
         strategies = ("recover-in-place", "exit")
     else:
         strategies = ("exit",)
-    unknown = [s for s in strategies if s not in ALL_STRATEGIES]
-    if unknown:
-        raise ConfigError(f"RECOVERD_STRATEGIES names unknown strategies {unknown}")
 
     port = _int(environ, "MS_SCHED_PORT")
     return AgentSettings(

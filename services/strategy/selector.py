@@ -35,10 +35,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from recoverd.strategies import ALL_STRATEGIES, TRAITS
+
 __all__ = ["ALL_STRATEGIES", "EXPECTED_COST_S", "Decision", "Outcome", "PolicyView", "Request", "choose"]
 
-ALL_STRATEGIES = ("retry", "recover-in-place", "recover", "elastic-training", "dump", "exit")
-_NEEDS_EVERY_PARTICIPANT = frozenset({"retry", "recover", "elastic-training", "dump"})
+_NEEDS_EVERY_PARTICIPANT = frozenset(s for s, t in TRAITS.items() if t.needs_every_participant)
 #: Strategies whose executors exist in this version; the others are refused with that reason.
 _IMPLEMENTED = frozenset(ALL_STRATEGIES)
 _RETRYABLE_FAULT_TYPES = frozenset({"0", "2"})
@@ -52,14 +53,7 @@ _AFTER_FAILED = {
 }
 
 #: Rough cost of each strategy in seconds, shown with decisions (measured figures come from bench/).
-EXPECTED_COST_S = {
-    "retry": 1.0,
-    "recover-in-place": 3.0,
-    "recover": 10.0,
-    "elastic-training": 10.0,
-    "dump": 60.0,
-    "exit": 30.0,
-}
+EXPECTED_COST_S = {name: traits.expected_cost_s for name, traits in TRAITS.items()}
 
 
 @dataclass(frozen=True, slots=True)

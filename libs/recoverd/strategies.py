@@ -1,0 +1,71 @@
+"""The one module that names the recovery strategies and what each one is.
+
+Every service reads the names and traits from here: the selector (which to choose), the
+coordinator's state machine (what a strategy restarts, what a failure rules out), the agent (what
+it can do for ranks without a client) and the CLI and policy file (what a user may name). A new
+strategy is one entry in :data:`TRAITS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from recoverd.errors import ConfigError
+
+__all__ = [
+    "AGENT_STRATEGIES",
+    "ALL_STRATEGIES",
+    "CHEAPER_THAN_EXIT",
+    "NODE_WIDE",
+    "RESTARTS_FAULTY_RANKS",
+    "TRAITS",
+    "Traits",
+    "parse_strategies",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Traits:
+    """What one strategy needs and does."""
+
+    #: Every participant (client) must offer it: an agent answering for a plain script cannot.
+    needs_every_participant: bool
+    #: The faulty ranks' processes are restarted by their agents (a command is sent).
+    restarts_faulty_ranks: bool
+    #: It acts on every rank of a faulty node (upstream's node-wide expansion).
+    node_wide: bool
+    #: An agent can carry it out for ranks that run no client.
+    agent_can_do: bool
+    #: Rough cost in seconds, shown with decisions (measured figures come from bench/).
+    expected_cost_s: float
+
+
+#: Every strategy, in MindCluster's priority order (cheapest first).
+TRAITS: dict[str, Traits] = {
+    "retry": Traits(True, False, False, False, 1.0),
+    "recover-in-place": Traits(False, True, False, True, 3.0),
+    "recover": Traits(True, True, True, True, 10.0),
+    "elastic-training": Traits(True, True, True, False, 10.0),
+    "dump": Traits(True, False, False, False, 60.0),
+    "exit": Traits(False, False, False, True, 30.0),
+}
+
+ALL_STRATEGIES: tuple[str, ...] = tuple(TRAITS)
+#: Strategies cheaper than `exit`. A phase that cannot complete rules them all out, leaving `exit`.
+CHEAPER_THAN_EXIT: tuple[str, ...] = tuple(s for s in ALL_STRATEGIES if s != "exit")
+RESTARTS_FAULTY_RANKS = frozenset(s for s, t in TRAITS.items() if t.restarts_faulty_ranks)
+NODE_WIDE = frozenset(s for s, t in TRAITS.items() if t.node_wide)
+#: What an agent can do for ranks that run no client (`recover` only where its runtime can start
+#: any rank: not under msrun or for adopted processes).
+AGENT_STRATEGIES: tuple[str, ...] = tuple(s for s, t in TRAITS.items() if t.agent_can_do)
+
+
+def parse_strategies(text: str, *, where: str = "strategies") -> tuple[str, ...]:
+    """``"recover-in-place, exit"`` -> a tuple of known names; ConfigError naming the unknown ones."""
+    items = tuple(s.strip() for s in text.split(",") if s.strip())
+    unknown = [s for s in items if s not in TRAITS]
+    if unknown or not items:
+        raise ConfigError(
+            f"{where}: unknown strategy {', '.join(unknown) or '(none)'}; choose from {', '.join(ALL_STRATEGIES)}"
+        )
+    return items

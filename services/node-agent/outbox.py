@@ -1,0 +1,123 @@
+"""The agent's outbox: what it must tell etcd, kept until etcd has it.
+
+Faults and events are queued in memory and written with the node's rank table by one publisher
+task; while etcd is away they stay queued and are retried with backoff, so a fault detected during
+an etcd outage is reported when etcd returns, never lost. A write is split into transactions that
+respect etcd's 128-operation limit (70 ranks failing at once is 140 writes), rank table first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from recoverd import events
+from recoverd.errors import EtcdUnavailable
+from recoverd.keys import Keyspace, RunRef
+from recoverd.records import encode, pb
+from recoverd.store import Op, Put, Store
+
+__all__ = ["Outbox"]
+
+log = logging.getLogger(__name__)
+
+#: Operations per transaction: below etcd's default --max-txn-ops (128), with room to spare.
+TXN_OPS = 100
+
+
+class Outbox:
+    """Queued faults and events of one node, published with its rank table."""
+
+    def __init__(
+        self,
+        store: Store,
+        keys: Keyspace,
+        node: str,
+        source: str,
+        rank_table: Callable[[], pb.NodeRanks],
+        *,
+        retry_s: float = 0.1,
+        retry_max_s: float = 2.0,
+    ) -> None:
+        self.store = store
+        self.keys = keys
+        self.node = node
+        self.source = source
+        self.run: RunRef | None = None
+        self._rank_table = rank_table
+        self._retry_s = retry_s
+        self._retry_max_s = retry_max_s
+        self._faults: list[pb.Fault] = []
+        self._events: list[Put] = []
+        self._dirty = asyncio.Event()
+
+    def mark_dirty(self) -> None:
+        """The rank table changed: publish it."""
+        self._dirty.set()
+
+    def add_fault(self, fault: pb.Fault) -> None:
+        self._faults.append(fault)
+        self._dirty.set()
+
+    def add_event(self, put: Put) -> None:
+        self._events.append(put)
+        self._dirty.set()
+
+    def note(self, reason: str, message: str) -> None:
+        """Log a warning and record it as an event of this node."""
+        assert self.run is not None
+        log.warning("agent %s: %s", self.node, message)
+        self.add_event(events.event_put(self.keys, self.run, self.source, reason, message))
+
+    @property
+    def pending_faults(self) -> list[pb.Fault]:
+        return list(self._faults)
+
+    async def flush(self) -> None:
+        """Write the rank table, then the pending faults and events, in as few transactions as fit.
+
+        Each transaction's faults and events leave the queue once it committed, so a flush cut short
+        by an outage resumes where it stopped and never writes a consumed fault again.
+        """
+        assert self.run is not None
+        ops: list[Op] = [Put(self.keys.ranks(self.run, self.node), encode(self._rank_table()))]
+        while True:
+            faults = self._faults[: (TXN_OPS - len(ops)) // 2]
+            for fault in faults:
+                ops.append(Put(self.keys.fault(self.run, fault.fault_id), encode(fault)))
+                ops.append(
+                    events.event_put(
+                        self.keys,
+                        self.run,
+                        self.source,
+                        "fault_detected",
+                        f"rank {fault.rank} {fault.detail}",
+                        rank=fault.rank,
+                        node=self.node,
+                    )
+                )
+            evs = self._events[: TXN_OPS - len(ops)]
+            ops.extend(evs)
+            if ops:
+                await self.store.txn([], ops)
+            del self._faults[: len(faults)]
+            del self._events[: len(evs)]
+            if not self._faults and not self._events:
+                return
+            ops = []
+
+    async def publish(self) -> None:
+        """Keep etcd's view of this node's ranks current; keep every fault until it is written."""
+        delay = self._retry_s
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            try:
+                await self.flush()
+                delay = self._retry_s
+            except EtcdUnavailable as err:
+                log.info("agent %s: cannot publish (%s); retrying in %.2fs", self.node, err, delay)
+                self._dirty.set()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._retry_max_s)

@@ -1,0 +1,104 @@
+"""What one node agent is asked to do: the settings every entry point builds, checked in one place.
+
+``recoverd agent`` / ``run`` (flags), ``recoverd adopt`` (flags plus the adopted processes) and the
+msrun plugin (msrun's environment) each map their own input onto :class:`AgentSettings`; what makes
+settings valid is checked once, in ``__post_init__`` (as torchelastic's ``WorkerSpec`` does), so the
+three cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from recoverd.errors import ConfigError, JobSpecMismatch
+from recoverd.keys import check_id
+from recoverd.records import pb
+from recoverd.strategies import TRAITS
+
+__all__ = ["EXIT_FAILED", "EXIT_REFUSED", "EXIT_SIGINT", "EXIT_SIGTERM", "EXIT_SUCCEEDED", "AgentSettings"]
+
+EXIT_SUCCEEDED = 0
+EXIT_FAILED = 1
+EXIT_REFUSED = 2
+EXIT_SIGTERM = 143
+EXIT_SIGINT = 130
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSettings:
+    """Everything an agent needs; the CLI fills it from flags and environment."""
+
+    job: str
+    node: str
+    argv: tuple[str, ...]
+    etcd: str
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    strategies: tuple[str, ...] = ("exit",)
+    #: Whether the strategies were asked for (``--strategies`` / ``--policy``): only then must they
+    #: match a live job's (whose policy ``recoverctl policy set`` may have changed since).
+    strategies_given: bool = True
+    max_rank_restarts: int = 3
+    max_job_restarts: int = 3
+    restart_window_s: float = 600.0
+    #: The job's whole policy (from --policy); None: built from the four fields above.
+    policy: pb.Policy | None = None
+    log_dir: str | None = None
+    cwd: str | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    prefix: str = ""
+    lease_ttl_s: float = 5.0
+    stop_grace_s: float = 5.0
+    retry_s: float = 0.1
+    retry_max_s: float = 2.0
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    #: A device plugin's reset.json to turn into faults (watched, never written).
+    reset_json: str | None = None
+    #: Where to mirror recoverd's state in reset.json form, for tools that read it.
+    reset_json_mirror: str | None = None
+    #: Signals that end the agent, and its exit code for each (ranks are stopped first).
+    exit_signals: Mapping[int, int] = field(
+        default_factory=lambda: {signal.SIGTERM: EXIT_SIGTERM, signal.SIGINT: EXIT_SIGINT}
+    )
+    #: Join a running job as a spare node: no ranks until a `recover` or an upgrade moves some here.
+    spare: bool = False
+    #: Warm spare processes kept ready (framework imported, waiting for a rank); 0 = none. Only for
+    #: scripts that call ``taskd_client.pytorch.wait_for_rank()`` first (docs/pytorch.md).
+    warm_spares: int = 0
+    #: Seconds to wait after a warm spare is used before starting the next one (it would compete
+    #: for CPU with the recovery it just sped up).
+    warm_spare_refill_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_id("job", self.job)
+        check_id("node", self.node)
+        if not self.argv:
+            raise ConfigError("no command to run for the ranks")
+        if self.nproc_per_node < 1 or self.nnodes < 1:
+            raise ConfigError(f"nproc-per-node {self.nproc_per_node} and nnodes {self.nnodes} must be at least 1")
+        if not self.spare and not 0 <= self.node_rank < self.nnodes:
+            raise JobSpecMismatch(f"--node-rank {self.node_rank} is outside 0..{self.nnodes - 1}")
+        unknown = [s for s in self.strategies if s not in TRAITS]
+        if unknown or not self.strategies:
+            raise ConfigError(f"unknown strategies {unknown or list(self.strategies)}")
+        if self.lease_ttl_s <= 0 or self.stop_grace_s < 0 or self.warm_spares < 0:
+            raise ConfigError("lease TTL must be positive; stop grace and warm spares not negative")
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    @property
+    def local_ranks(self) -> range:
+        if self.spare:
+            return range(0)
+        start = self.node_rank * self.nproc_per_node
+        return range(start, start + self.nproc_per_node)
+
+    def group_rank(self, rank: int) -> int:
+        """The node rank a global rank belongs to (ranks are laid out node by node)."""
+        return rank // self.nproc_per_node

@@ -20,18 +20,16 @@ the node agent supervise them like its own ranks:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import logging
 import os
-import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import psutil
 
-from recoverd.agent.launcher import ExitInfo, Launcher, RankLaunch, RankProcess
+from recoverd.agent.launcher import ExitInfo, Launcher, RankLaunch, RankProcess, stop_escalating
 from recoverd.agent.runtime import OnExit
 from recoverd.errors import ConfigError, LaunchFailed
 
@@ -215,15 +213,7 @@ class AdoptRuntime(Launcher):
         if self._adopted[proc] < 0 and not proc.exited.done():
             # It already ended (exit unknown) and the agent is stopping it: a normal end.
             self._deliver(proc, ExitInfo(proc.pid, 0, None))
-        if proc.is_running:
-            _signal_tree(proc.pid, signal.SIGTERM)
-            try:
-                async with asyncio.timeout(grace_s):
-                    return await asyncio.shield(proc.exited)
-            except TimeoutError:
-                log.warning("adopted rank %d (pid %d) ignored SIGTERM; SIGKILL", proc.rank, proc.pid)
-                _signal_tree(proc.pid, signal.SIGKILL)
-        return await proc.exited
+        return await stop_escalating(proc, lambda sig: _signal_tree(proc.pid, sig), grace_s)
 
 
 def _signal_tree(pid: int, sig: int) -> None:

@@ -36,7 +36,7 @@ import psutil
 
 from recoverd.errors import LaunchFailed
 
-__all__ = ["SPARE_FD_ENV", "ExitInfo", "Launcher", "RankLaunch", "RankProcess", "read_tail"]
+__all__ = ["SPARE_FD_ENV", "ExitInfo", "Launcher", "RankLaunch", "RankProcess", "read_tail", "stop_escalating"]
 
 #: The environment variable that tells a warm spare which inherited fd to read its rank from.
 SPARE_FD_ENV = "RECOVERD_WARM_SPARE_FD"
@@ -120,6 +120,21 @@ def read_tail(path: str | None, limit: int = 2048) -> str:
             return handle.read().decode(errors="replace")
     except OSError:
         return ""
+
+
+async def stop_escalating(proc: RankProcess, send: Callable[[int], None], grace_s: float) -> ExitInfo:
+    """The one stop: ``send(SIGTERM)``, wait ``grace_s`` on one deadline, then ``send(SIGKILL)``;
+    return how the process ended. ``send`` decides what a signal reaches (the rank's group, or an
+    adopted process and its descendants). Idempotent: a process already gone is not signalled."""
+    if proc.is_running:
+        send(signal.SIGTERM)
+        try:
+            async with asyncio.timeout(grace_s):  # not wait_for: it can swallow a cancel on 3.11
+                return await asyncio.shield(proc.exited)
+        except TimeoutError:
+            log.warning("rank %d (pid %d) ignored SIGTERM for %.1fs; sending SIGKILL", proc.rank, proc.pid, grace_s)
+            send(signal.SIGKILL)
+    return await proc.exited
 
 
 class Launcher:
@@ -260,17 +275,12 @@ class Launcher:
 
     async def stop(self, proc: RankProcess, grace_s: float) -> ExitInfo:
         """SIGTERM the rank's group, SIGKILL it after ``grace_s``; return how it ended. Idempotent."""
-        if proc.is_running:
+
+        def to_group(sig: int) -> None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pgid, signal.SIGTERM)
-            try:
-                async with asyncio.timeout(grace_s):  # not wait_for: it can swallow a cancel on 3.11
-                    return await asyncio.shield(proc.exited)
-            except TimeoutError:
-                log.warning("rank %d (pid %d) ignored SIGTERM for %.1fs; sending SIGKILL", proc.rank, proc.pid, grace_s)
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pgid, signal.SIGKILL)
-        return await proc.exited
+                os.killpg(proc.pgid, sig)
+
+        return await stop_escalating(proc, to_group, grace_s)
 
     async def watch(self) -> None:
         """Nothing to watch: exits arrive through the pidfds registered with the loop."""

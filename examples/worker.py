@@ -32,6 +32,7 @@ def main() -> int:
     parser.add_argument("--fail-once-rank", type=int, default=None, help="this rank exits 3 once, at --fail-at")
     parser.add_argument("--fail-at", type=int, default=2)
     parser.add_argument("--spawn-daemon", action="store_true", help="leave a setsid() grandchild behind (tests)")
+    parser.add_argument("--start-file", default=None, help="wait until this file exists before the first step (tests)")
     args = parser.parse_args()
     rank = int(os.environ.get("RANK", "0"))
     restart = int(os.environ.get("RECOVERD_RESTART_COUNT", "0"))
@@ -45,6 +46,8 @@ def main() -> int:
     if args.fail_rank == rank:
         print(f"rank {rank}: failing at start (--fail-rank)", file=sys.stderr, flush=True)
         return 3
+    while args.start_file and not os.path.exists(args.start_file):
+        time.sleep(0.02)
     for step in range(args.steps):
         if args.fail_once_rank == rank and restart == 0 and step == args.fail_at:
             print(f"rank {rank}: failing at step {step} (--fail-once-rank)", file=sys.stderr, flush=True)

@@ -43,10 +43,20 @@ from collections.abc import Callable, Sequence
 
 from recoverd import events, participants, resetjson
 from recoverd.agent import resetfile
-from recoverd.agent.launcher import ExitInfo, Launcher, RankLaunch, RankProcess, read_tail
+from recoverd.agent.launcher import (
+    SPARE_RANK,
+    ExitInfo,
+    FoundRank,
+    Launcher,
+    RankLaunch,
+    RankProcess,
+    find_rank_processes,
+    read_tail,
+)
 from recoverd.agent.membership import Membership
 from recoverd.agent.outbox import Outbox
 from recoverd.agent.ranktable import LIVE_STATES, RankSlot, RankTable
+from recoverd.agent.readopt import plan_adoption
 from recoverd.agent.runtime import RankRuntime, RuntimeFactory
 from recoverd.agent.settings import (
     EXIT_FAILED,
@@ -57,13 +67,21 @@ from recoverd.agent.settings import (
     AgentSettings,
 )
 from recoverd.agent.warm import WarmSpares
-from recoverd.errors import BadRecord, ConfigError, EtcdUnavailable, JobSpecMismatch, LaunchFailed, RecoverdError
+from recoverd.errors import (
+    BadRecord,
+    ConfigError,
+    EtcdUnavailable,
+    FenceLost,
+    JobSpecMismatch,
+    LaunchFailed,
+    RecoverdError,
+)
 from recoverd.filewatch import watch_file
-from recoverd.jobview import read_job
-from recoverd.keys import Keyspace
+from recoverd.jobview import JobView, read_job
+from recoverd.keys import Keyspace, RunRef
 from recoverd.records import decode, encode, pb, ts_from_s
 from recoverd.resetjson import ResetState
-from recoverd.store import Store
+from recoverd.store import Put, Store
 from recoverd.strategies import AGENT_STRATEGIES
 
 __all__ = [
@@ -115,6 +133,8 @@ class NodeAgent:
             settings.node,
             self.source,
             self._rank_table_record,
+            self.membership.fence,
+            self._on_fence_lost,
             retry_s=settings.retry_s,
             retry_max_s=settings.retry_max_s,
         )
@@ -127,6 +147,9 @@ class NodeAgent:
         self._mirrored: ResetState | None = None
         #: epoch -> why this node could not carry out that epoch's command (reported as code 1).
         self._failed_commands: dict[int, str] = {}
+        #: Another agent took this node over (this one was presumed dead): its ranks are that
+        #: agent's now, so this one ends without touching them.
+        self._superseded = False
         resetfile.check_paths(settings.reset_json, settings.reset_json_mirror)
 
     @property
@@ -161,6 +184,9 @@ class NodeAgent:
             self.outbox.run = self.membership.run
             if joined is not None:
                 self._last_applied = await self.membership.last_applied()
+                await self._adopt_ranks(joined)
+            elif self.membership.replaced_run is not None:
+                await self._stop_leftovers(self.membership.replaced_run)
             for signum, code in self.settings.exit_signals.items():
                 loop.add_signal_handler(signum, self._request_exit, code)
             loop.add_signal_handler(signal.SIGCHLD, self._launcher.reap_strays)
@@ -172,7 +198,7 @@ class NodeAgent:
                         group.create_task(self.outbox.publish(), name="agent-publisher"),
                         group.create_task(self._watch(), name="agent-watch"),
                         group.create_task(self._worker(), name="agent-worker"),
-                        group.create_task(self.membership.keep_registered(self._wake.set), name="agent-lease"),
+                        group.create_task(self.membership.keep_registered(self._rejoin), name="agent-lease"),
                         group.create_task(self._launcher.watch(), name="agent-runtime"),
                     ]
                     if self.settings.reset_json:
@@ -186,7 +212,7 @@ class NodeAgent:
                     loop.remove_signal_handler(signum)
             return code
         finally:
-            if self._launcher is not None and self._launcher.processes:
+            if self._launcher is not None and self._launcher.processes and not self._superseded:
                 await self._stop_ranks(list(self.table))
                 await self._warm.stop(self.settings.stop_grace_s)
             await self.membership.close()
@@ -198,6 +224,9 @@ class NodeAgent:
 
     async def _finish(self, code: int) -> None:
         """Stop what still runs and flush the final rank states (bounded: etcd may be down)."""
+        if self._superseded:
+            log.error("agent %s: ending; its ranks are the new agent's and keep running", self.settings.node)
+            return
         await self._stop_ranks(self.table.running())
         assert self._warm is not None
         await self._warm.stop(self.settings.stop_grace_s)
@@ -210,6 +239,137 @@ class NodeAgent:
         with contextlib.suppress(RecoverdError, TimeoutError):
             async with asyncio.timeout(2.0):
                 await self.outbox.flush()
+
+    # ---------------------------------------------------------------- re-adoption and fencing
+    async def _adopt_ranks(self, view: JobView) -> None:
+        """A restarted agent takes over the ranks its predecessor left running (readopt.py): the
+        live ones are adopted with their PIDs, the ones that died meanwhile are faults, and any
+        other process of this run and node is stopped, so no rank ever runs twice."""
+        launcher = self._launcher
+        run = self.membership.run
+        assert run is not None
+        if not (isinstance(launcher, Launcher) and launcher.starts_any_rank):
+            return  # msrun and `recoverd adopt` own their processes' lifecycle themselves
+        table = view.ranks.get(self.settings.node)
+        found = await asyncio.to_thread(find_rank_processes, run.uid, self.settings.node)
+        if table is None and not found:
+            return
+        plan = plan_adoption(list(table.ranks) if table is not None else [], found, self.table.slots)
+        for rank, (status, proc) in plan.adopt.items():
+            slot = self.slots[rank]
+            slot.generation, slot.restart_count = status.generation, status.restart_count
+            try:
+                slot.proc = launcher.adopt(rank, proc.pid, proc.started_at, self._log_path(rank))
+            except LaunchFailed as err:
+                plan.died[rank] = status
+                log.warning("agent %s: %s", self.settings.node, err.detail)
+                continue
+            slot.state = pb.RANK_RUNNING
+        for rank, status in plan.died.items():
+            slot = self.slots[rank]
+            slot.generation, slot.restart_count = status.generation, status.restart_count
+            slot.state = pb.RANK_FAILED
+            self._record_fault(
+                slot,
+                ExitInfo(status.pid, None, None),
+                detail=f"pid {status.pid} ended while no agent watched it (exit status unknown)",
+            )
+        for rank, status in plan.keep.items():
+            slot = self.slots[rank]
+            slot.generation, slot.restart_count = status.generation, status.restart_count
+            slot.state, slot.exit_code, slot.signal = status.state, status.exit_code, status.signal
+        stale = await self._stop_found(launcher, plan.stop)
+        message = (
+            f"agent restarted: adopted ranks {sorted(plan.adopt)} (pids {[p.pid for _, p in plan.adopt.values()]}),"
+            f" died meanwhile {sorted(plan.died)}, left as they were {sorted(plan.keep)},"
+            f" stopped {stale} other process(es) of this node"
+        )
+        log.warning("agent %s: %s", self.settings.node, message)
+        self.outbox.add_event(
+            events.event_put(self.keys, run, self.source, "ranks_adopted", message, node=self.settings.node)
+        )
+
+    async def _stop_leftovers(self, run: RunRef) -> None:
+        """Stop what an abandoned run (replaced by a new one) left running on this node: a rank
+        must never run twice, once per run."""
+        launcher = self._launcher
+        if not (isinstance(launcher, Launcher) and launcher.starts_any_rank):
+            return
+        found = await asyncio.to_thread(find_rank_processes, run.uid, self.settings.node)
+        stopped = await self._stop_found(launcher, found)
+        if stopped:
+            log.warning("agent %s: stopped %d process(es) left by run %s", self.settings.node, stopped, run.uid)
+
+    async def _stop_found(self, launcher: Launcher, found: Sequence[FoundRank]) -> int:
+        """Stop processes of this node that no rank slot holds (adopted just to be stopped, as a
+        group, gracefully); return how many were still there."""
+        procs = []
+        for other in found:
+            with contextlib.suppress(LaunchFailed):  # gone already
+                procs.append(launcher.adopt(SPARE_RANK, other.pid, other.started_at, None))
+        await asyncio.gather(*(launcher.stop(p, self.settings.stop_grace_s) for p in procs))
+        return len(procs)
+
+    async def _rejoin(self) -> None:
+        """Register again after the lease was lost. Meanwhile the node may have been declared lost
+        and its ranks moved to a spare: those are stopped here first (they run elsewhere now), and
+        only then is the node registered (and its writes accepted) again."""
+        view = await read_job(self.store, self.keys, self.settings.job)
+        run = self.membership.run
+        if view.run != run:
+            log.error("agent %s: run %s is over (the job now has another run)", self.settings.node, run)
+            self._request_exit(EXIT_FAILED)
+            return
+        if view.status is not None and view.status.state in (pb.JOB_SUCCEEDED, pb.JOB_FAILED):
+            self._wake.set()  # reconcile ends the agent with the job's outcome
+            return
+        elsewhere = {
+            r.rank
+            for node, table in view.ranks.items()
+            if node != self.settings.node and node in view.nodes
+            for r in table.ranks
+            if r.state in LIVE_STATES
+        }
+        moved = [self.slots[r] for r in sorted(elsewhere & set(self.slots))]
+        if moved:
+            log.warning(
+                "agent %s: ranks %s run on another node now; stopping them here",
+                self.settings.node,
+                [s.rank for s in moved],
+            )
+            await self._stop_ranks(moved)
+            for slot in moved:
+                self.table.remove(slot.rank)
+        try:
+            await self.membership.register()
+        except FenceLost as err:
+            self._supersede(err.detail)
+            return
+        self.outbox.mark_dirty()
+        self._wake.set()
+
+    async def _on_fence_lost(self) -> None:
+        """A write was refused by the fence: find out why and act (never guess)."""
+        holder = await self.membership.holder()
+        if holder == "me":
+            return
+        lease = self.membership.lease
+        if holder == "nobody":
+            if lease is not None and not lease.lost.is_set():
+                log.warning("agent %s: its registration is gone; registering again", self.settings.node)
+                lease.lost.set()
+            return
+        self._supersede(f"node {self.settings.node} is registered by {holder}")
+
+    def _supersede(self, why: str) -> None:
+        log.error("agent %s: superseded (%s); ending without touching its ranks", self.settings.node, why)
+        self._superseded = True
+        self._request_exit(EXIT_REFUSED)
+
+    async def _fenced_put(self, key: str, value: bytes) -> None:
+        """A put that only lands while this agent holds its node's registration."""
+        if not (await self.store.txn(self.membership.fence(), [Put(key, value)])).succeeded:
+            raise FenceLost(f"node {self.settings.node}: a write was refused, its registration is not this agent's")
 
     # ---------------------------------------------------------------- ranks
     def _rank_env(self, slot: RankSlot) -> dict[str, str]:
@@ -288,8 +448,10 @@ class NodeAgent:
         return RankLaunch(-1, self.settings.argv, env, self.settings.cwd, log_path, "warm spare")
 
     def _start_all(self, generation: int, header: str) -> None:
+        """Start every rank that has no incarnation yet (adopted and finished ones are left alone)."""
         for slot in self.table:
-            self._start(slot, generation, header)
+            if slot.proc is None and slot.state == pb.RANK_PENDING:
+                self._start(slot, max(generation, slot.generation), header)
 
     async def _stop_ranks(self, slots: Sequence[RankSlot]) -> None:
         assert self._launcher is not None
@@ -375,6 +537,12 @@ class NodeAgent:
             try:
                 await self.reconcile()
                 delay = self.settings.retry_s
+            except FenceLost as err:
+                log.warning("agent %s: %s", self.settings.node, err.detail)
+                await self._on_fence_lost()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.settings.retry_max_s)
+                self._wake.set()
             except RecoverdError as err:
                 log.info("agent %s: %s; retrying in %.2fs", self.settings.node, err, delay)
                 await asyncio.sleep(delay)
@@ -506,12 +674,22 @@ class NodeAgent:
             targets = list(self.table)
         else:
             targets = [self.slots[r] for r in ranks if r in self.slots]
-        await self._stop_ranks(targets)
+        # Restarted already by this agent's predecessor, which died before acknowledging: done.
+        done = {
+            s.rank
+            for s in targets
+            if action in (pb.ACTION_RESTART_RANKS, pb.ACTION_RESTART_ALL, pb.ACTION_START_RANKS)
+            and s.generation == command.epoch
+            and s.is_running
+        }
+        await self._stop_ranks([s for s in targets if s.rank not in done])
         if action == pb.ACTION_RELEASE_RANKS:
             for slot in targets:
                 self.table.remove(slot.rank)
         elif action != pb.ACTION_STOP_ALL:
             for slot in targets:
+                if slot.rank in done:
+                    continue
                 slot.restart_count += 1
                 self._start(slot, command.epoch, f"restart ({command.strategy})")
         if self.table.ranks != held_before:
@@ -544,7 +722,7 @@ class NodeAgent:
                 node=self.settings.node,
             )
         )
-        await self.store.put(self.keys.ack(run, self.settings.node), encode(ack))
+        await self._fenced_put(self.keys.ack(run, self.settings.node), encode(ack))
         await self.outbox.flush()
         if self.membership.is_record_stale:
             await self.membership.register_again()
@@ -590,5 +768,5 @@ class NodeAgent:
         else:
             return
         kind = pb.ReportKind.Name(report.kind).removeprefix("REPORT_").lower()
-        await self.store.put(self.keys.report(run, self.participant, kind), encode(report))
+        await self._fenced_put(self.keys.report(run, self.participant, kind), encode(report))
         self._answered.add((recovery.epoch, recovery.phase))

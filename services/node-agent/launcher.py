@@ -28,7 +28,6 @@ import os
 import select
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -36,7 +35,18 @@ import psutil
 
 from recoverd.errors import LaunchFailed
 
-__all__ = ["SPARE_FD_ENV", "ExitInfo", "Launcher", "RankLaunch", "RankProcess", "read_tail", "stop_escalating"]
+__all__ = [
+    "SPARE_FD_ENV",
+    "ExitInfo",
+    "FoundRank",
+    "Launcher",
+    "RankLaunch",
+    "RankProcess",
+    "find_rank_processes",
+    "process_start_time",
+    "read_tail",
+    "stop_escalating",
+]
 
 #: The environment variable that tells a warm spare which inherited fd to read its rank from.
 SPARE_FD_ENV = "RECOVERD_WARM_SPARE_FD"
@@ -137,6 +147,55 @@ async def stop_escalating(proc: RankProcess, send: Callable[[int], None], grace_
     return await proc.exited
 
 
+#: How far two readings of one process's start time may differ: psutil derives it from the boot
+#: time, which two processes can read a second apart.
+START_TIME_SLACK_S = 1.5
+
+
+def process_start_time(pid: int) -> float:
+    """When the kernel started ``pid`` (seconds since the epoch): with the PID, it names one process."""
+    return float(psutil.Process(pid).create_time())
+
+
+@dataclass(frozen=True, slots=True)
+class FoundRank:
+    """A process on this node that runs a rank of one run (found by :func:`find_rank_processes`)."""
+
+    rank: int
+    pid: int
+    started_at: float
+    generation: int
+
+
+def find_rank_processes(run_uid: str, node: str) -> list[FoundRank]:
+    """Every live process whose environment says it is a rank of run ``run_uid`` on ``node``.
+
+    How a restarted agent finds what its predecessor started: the ranks run in their own sessions
+    and outlive the agent. Warm spares (no rank yet) are listed with rank -1. Processes of other
+    users, other runs or other nodes are never listed, so never touched.
+    """
+    found: list[FoundRank] = []
+    me = os.getpid()
+    for proc in psutil.process_iter(["pid"]):
+        if proc.pid == me:
+            continue
+        try:
+            env = proc.environ()
+            if env.get("RECOVERD_RUN") != run_uid or env.get("RECOVERD_NODE") != node:
+                continue
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            raw = env.get("RANK", "")
+            rank = int(raw) if raw.isdigit() else SPARE_RANK
+            generation = env.get("RECOVERD_GENERATION", "")
+            found.append(
+                FoundRank(rank, proc.pid, float(proc.create_time()), int(generation) if generation.isdigit() else -1)
+            )
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
 class Launcher:
     """Owns the rank processes of one agent. ``on_exit(proc, info)`` is called once per exit."""
 
@@ -204,7 +263,7 @@ class Launcher:
             rank=SPARE_RANK if spare else launch.rank,
             pid=popen.pid,
             pgid=popen.pid,
-            started_at=time.time(),
+            started_at=process_start_time(popen.pid),
             log_path=launch.log_path,
             exited=self._loop.create_future(),
             _pidfd=pidfd,
@@ -242,8 +301,37 @@ class Launcher:
             spare._assign_fd = -1
         spare.rank = launch.rank
         spare.log_path = launch.log_path
-        spare.started_at = time.time()
         return spare
+
+    def adopt(self, rank: int, pid: int, started_at: float, log_path: str | None) -> RankProcess:
+        """Watch a rank that a previous incarnation of this agent started (same node, same run).
+
+        The caller has matched the process to the rank (:func:`find_rank_processes`); here it is
+        checked once more to be the same process (its start time: a reused PID has another) and to
+        lead its own process group (every rank we start does), so the group kill on its end and
+        :meth:`stop` reach only its tree. It is not our child: its end arrives through the pidfd as
+        for our own ranks, but its exit status is unknown (``waitid`` cannot read it).
+        """
+        try:
+            if abs(process_start_time(pid) - started_at) > START_TIME_SLACK_S:
+                raise LaunchFailed(f"rank {rank}: pid {pid} is another process now (PID reused)")
+            if os.getpgid(pid) != pid:
+                raise LaunchFailed(f"rank {rank}: pid {pid} does not lead its own process group")
+            pidfd = os.pidfd_open(pid)
+        except (psutil.Error, ProcessLookupError, OSError) as err:
+            raise LaunchFailed(f"rank {rank}: pid {pid} is gone ({err})") from err
+        proc = RankProcess(
+            rank=rank,
+            pid=pid,
+            pgid=pid,
+            started_at=started_at,
+            log_path=log_path,
+            exited=self._loop.create_future(),
+            _pidfd=pidfd,
+        )
+        self._procs.add(proc)
+        self._loop.add_reader(pidfd, self._reap, proc)
+        return proc
 
     def _reap(self, proc: RankProcess) -> None:
         """The pidfd is readable: the leader exited. Kill the rest of its group, then reap it."""

@@ -19,16 +19,19 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+
+import psutil
 
 from recoverd import events
+from recoverd.agent.launcher import START_TIME_SLACK_S
 from recoverd.agent.ranktable import LIVE_STATES, RankTable
 from recoverd.agent.settings import AgentSettings
-from recoverd.errors import BadRecord, EtcdUnavailable, JobSpecMismatch
+from recoverd.errors import BadRecord, EtcdUnavailable, FenceLost, JobSpecMismatch
 from recoverd.jobview import JobView, read_job
 from recoverd.keys import Keyspace, RunRef
-from recoverd.records import decode, encode, pb, ts_from_s
-from recoverd.store import Absent, Compare, DeletePrefix, LeaseKeeper, ModRevisionAtMost, Op, Put, Store
+from recoverd.records import decode, encode, pb, ts_from_s, ts_to_s
+from recoverd.store import Absent, Compare, DeletePrefix, LeaseKeeper, ModRevisionAtMost, Op, Put, Store, ValueIs
 
 __all__ = ["Membership"]
 
@@ -55,6 +58,10 @@ class Membership:
         self.spec: pb.JobSpec | None = None
         self.run: RunRef | None = None
         self.lease: LeaseKeeper | None = None
+        #: The node record this agent last wrote: its writes are fenced on it (see fence()).
+        self.registration = b""
+        #: The earlier run of this job name that joining replaced (its processes must not survive).
+        self.replaced_run: RunRef | None = None
         #: The node record no longer says which ranks this node holds: rewrite it.
         self.is_record_stale = False
 
@@ -136,12 +143,16 @@ class Membership:
             ops: list[Op] = []
             if spec is not None and view.run is not None:
                 finished = view.status is not None and view.status.state in (pb.JOB_SUCCEEDED, pb.JOB_FAILED)
-                if not finished and view.nodes:
+                # A run with no live node is abandoned, unless this node's ranks of it still run
+                # here: then its agent is back (it was away longer than its lease) and rejoins it.
+                if not finished and (view.nodes or self._ranks_still_run_here(view)):
                     why = self._mismatch(spec)
                     if why:
                         raise JobSpecMismatch(f"job {job} (run {spec.uid}) is running with another spec: {why}")
                     if node in view.nodes:
-                        raise JobSpecMismatch(f"node {node} is already registered in job {job}")
+                        if await self._take_over(view):
+                            return view
+                        continue
                     taken = [
                         n
                         for n, rec in view.nodes.items()
@@ -152,18 +163,21 @@ class Membership:
                             f"node rank {self.settings.node_rank} of job {job} is already taken by node {taken[0]}"
                         )
                     run = view.run
-                    ops.append(Put(self.keys.node(run, node), encode(self.node_record()), lease_id))
+                    registration = self._register_op(run, lease_id)
+                    ops.append(registration)
                     compare: list[Compare] = [
                         Absent(self.keys.node(run, node)),
                         ModRevisionAtMost(self.keys.job_spec(job), view.revision),
                     ]
                     if (await self.store.txn(compare, ops)).succeeded:
-                        self.spec, self.run = spec, run
+                        self.spec, self.run, self.registration = spec, run, registration.value
                         self._drop_ranks_held_elsewhere(view)
                         log.info("node %s joined job %s (run %s)", node, job, run.uid)
                         return view
                     continue
-                # A finished or abandoned run of this name: replaced, its keys removed.
+                # A finished or abandoned run of this name: replaced, its keys removed (and any of
+                # its processes still on this node stopped by the agent: see replaced_run).
+                self.replaced_run = view.run
                 if self.settings.spare:
                     raise JobSpecMismatch(f"a spare joins a running job, and job {job} has no live run")
                 ops += [
@@ -175,9 +189,10 @@ class Membership:
                 raise JobSpecMismatch(f"a spare joins a running job, and job {job} has no live run")
             new = self._desired_spec()
             run = RunRef(job, new.uid)
+            registration = self._register_op(run, lease_id)
             ops += [
                 Put(self.keys.job_spec(job), encode(new)),
-                Put(self.keys.node(run, node), encode(self.node_record()), lease_id),
+                registration,
                 events.event_put(
                     self.keys,
                     run,
@@ -189,9 +204,103 @@ class Membership:
             ]
             compare = [ModRevisionAtMost(self.keys.job_prefix(job), view.revision, is_prefix=True)]
             if (await self.store.txn(compare, ops)).succeeded:
-                self.spec, self.run = new, run
+                self.spec, self.run, self.registration = new, run, registration.value
                 log.info("node %s created job %s (run %s)", node, job, run.uid)
                 return None
+
+    def _register_op(self, run: RunRef, lease_id: int) -> Put:
+        """The write of this node's record (remember its value once written: see fence())."""
+        return Put(self.keys.node(run, self.settings.node), encode(self.node_record()), lease_id)
+
+    def fence(self) -> list[Compare]:
+        """The compare that fences every write of this agent: the node key still holds the record
+        this agent wrote. It fails once the lease expired (the node was declared lost) or another
+        agent took the node over, so a returning zombie can overwrite nothing."""
+        assert self.run is not None
+        return [ValueIs(self.keys.node(self.run, self.settings.node), self.registration)]
+
+    async def holder(self) -> str:
+        """Who holds this node's key now: "me", "nobody", or a description of the other agent."""
+        assert self.run is not None
+        kv = await self.store.get(self.keys.node(self.run, self.settings.node))
+        if kv is None:
+            return "nobody"
+        if kv.value == self.registration:
+            return "me"
+        try:
+            record = decode(pb.NodeRecord, kv.value, kv.key)
+        except BadRecord:
+            return "nobody"  # a clobbered record: re-registering rewrites it from our own state
+        if record.host == socket.gethostname() and record.agent_pid == os.getpid():
+            return "me"
+        return f"agent pid {record.agent_pid} on {record.host or '?'}"
+
+    def _why_not_take_over(self, record: pb.NodeRecord) -> str:
+        """ "" when this agent may take over the node's registration from ``record``'s agent (it ran
+        on this host and is dead: a restarted agent), else why not."""
+        host = socket.gethostname()
+        if record.host != host:
+            return f"it is registered from host {record.host or '?'}, and this is {host}"
+        pid = record.agent_pid
+        if pid == os.getpid():
+            return ""
+        try:
+            started = psutil.Process(pid).create_time()
+        except psutil.NoSuchProcess:
+            return ""
+        except psutil.Error as err:
+            return f"its agent (pid {pid}) cannot be inspected: {err}"
+        if started <= ts_to_s(record.registered_at) + START_TIME_SLACK_S:
+            return f"its agent (pid {pid}) is alive"
+        return ""  # that PID is another process now: the agent that registered is gone
+
+    async def _take_over(self, view: JobView) -> bool:
+        """A restarted agent replaces its dead predecessor's registration (still under the old
+        lease) with its own, fenced on the old value; True if it did, False to read again."""
+        assert self.lease is not None and view.run is not None and view.spec is not None
+        node = self.settings.node
+        why = self._why_not_take_over(view.nodes[node])
+        if why:
+            raise JobSpecMismatch(f"node {node} is already registered in job {self.settings.job}: {why}")
+        key = self.keys.node(view.run, node)
+        current = await self.store.get(key)
+        if current is None:
+            return False  # the old lease expired meanwhile: join as a returning node
+        compare: list[Compare] = [
+            ValueIs(key, current.value),
+            ModRevisionAtMost(self.keys.job_spec(view.spec.name), view.revision),
+        ]
+        registration = self._register_op(view.run, self.lease.id)
+        if not (await self.store.txn(compare, [registration])).succeeded:
+            return False
+        self.spec, self.run, self.registration = view.spec, view.run, registration.value
+        self._drop_ranks_held_elsewhere(view)
+        log.warning(
+            "node %s took over its registration in job %s from agent pid %d (dead)",
+            node,
+            self.settings.job,
+            view.nodes[node].agent_pid,
+        )
+        return True
+
+    def _ranks_still_run_here(self, view: JobView) -> bool:
+        """Whether a rank this node ran in ``view``'s run is still alive here (same PID, same start
+        time, the run's environment): the run is not abandoned, its agent is back."""
+        table = view.ranks.get(self.settings.node)
+        if table is None or view.run is None:
+            return False
+        for status in table.ranks:
+            if status.state not in LIVE_STATES or status.pid <= 0:
+                continue
+            try:
+                proc = psutil.Process(status.pid)
+                if abs(proc.create_time() - ts_to_s(status.started_at)) > START_TIME_SLACK_S:
+                    continue
+                if proc.environ().get("RECOVERD_RUN") == view.run.uid:
+                    return True
+            except (psutil.Error, OSError):
+                continue
+        return False
 
     def _drop_ranks_held_elsewhere(self, view: JobView) -> None:
         """A node joining a live run does not start ranks that a downgrade isolated or that another
@@ -228,36 +337,49 @@ class Membership:
         return (ack.epoch, ack.seq)
 
     # ---------------------------------------------------------------- staying registered
-    async def keep_registered(self, on_registered: Callable[[], None]) -> None:
-        """Re-register under a new lease whenever the old one is lost (etcd was away too long)."""
+    async def keep_registered(self, rejoin: Callable[[], Awaitable[None]]) -> None:
+        """Whenever the lease is lost (etcd was away longer than its TTL, or this node was
+        partitioned), take a new one and let ``rejoin`` decide what this node still runs before it
+        registers again (its ranks may have been moved or restarted elsewhere meanwhile)."""
         assert self.run is not None
         while True:
             lease = self.lease
             assert lease is not None
             await lease.lost.wait()
             log.warning("agent %s: lease lost; registering again", self.settings.node)
+            await lease.aclose(revoke=False)
             delay = self.settings.retry_s
             while True:
                 try:
-                    fresh = LeaseKeeper(self.store, self.settings.lease_ttl_s)
-                    await fresh.__aenter__()
-                    await self.store.put(
-                        self.keys.node(self.run, self.settings.node), encode(self.node_record()), lease=fresh.id
-                    )
-                    self.lease = fresh
-                    on_registered()
+                    if self.lease is lease:
+                        fresh = LeaseKeeper(self.store, self.settings.lease_ttl_s)
+                        await fresh.__aenter__()
+                        self.lease = fresh
+                    await rejoin()
                     break
                 except EtcdUnavailable:
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, self.settings.retry_max_s)
 
+    async def register(self) -> None:
+        """Write this node's record under the current lease: over our own registration, or where
+        there is none (the lease expired); raise FenceLost if another agent holds the node now."""
+        assert self.run is not None and self.lease is not None
+        key = self.keys.node(self.run, self.settings.node)
+        registration = self._register_op(self.run, self.lease.id)
+        for compare in (self.fence(), [Absent(key)]):
+            if (await self.store.txn(compare, [registration])).succeeded:
+                self.registration, self.is_record_stale = registration.value, False
+                return
+        raise FenceLost(f"node {self.settings.node} is registered by another agent ({await self.holder()})")
+
     async def register_again(self) -> None:
-        """Rewrite this node's record (its ranks changed) under the current lease; a failed write
-        is retried by the next reconcile (``is_record_stale`` stays set)."""
+        """Rewrite this node's record (its ranks changed) under the current lease, fenced on our own
+        registration; a failed write is retried by the next reconcile (``is_record_stale`` stays set)."""
         assert self.run is not None and self.lease is not None
         if self.lease.lost.is_set():
             return  # keep_registered writes the current record under the new lease
-        await self.store.put(
-            self.keys.node(self.run, self.settings.node), encode(self.node_record()), lease=self.lease.id
-        )
-        self.is_record_stale = False
+        registration = self._register_op(self.run, self.lease.id)
+        if not (await self.store.txn(self.fence(), [registration])).succeeded:
+            raise FenceLost(f"node {self.settings.node}: its registration is gone or not this agent's")
+        self.registration, self.is_record_stale = registration.value, False

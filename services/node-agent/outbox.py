@@ -4,19 +4,21 @@ Faults and events are queued in memory and written with the node's rank table by
 task; while etcd is away they stay queued and are retried with backoff, so a fault detected during
 an etcd outage is reported when etcd returns, never lost. A write is split into transactions that
 respect etcd's 128-operation limit (70 ranks failing at once is 140 writes), rank table first.
+Every transaction is fenced on this agent's registration (membership.fence()): an agent whose
+node was declared lost, or taken over by a restarted agent, can overwrite nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from recoverd import events
-from recoverd.errors import EtcdUnavailable
+from recoverd.errors import EtcdUnavailable, FenceLost
 from recoverd.keys import Keyspace, RunRef
 from recoverd.records import encode, pb
-from recoverd.store import Op, Put, Store
+from recoverd.store import Compare, Op, Put, Store
 
 __all__ = ["Outbox"]
 
@@ -36,6 +38,8 @@ class Outbox:
         node: str,
         source: str,
         rank_table: Callable[[], pb.NodeRanks],
+        fence: Callable[[], list[Compare]],
+        on_fence_lost: Callable[[], Awaitable[None]],
         *,
         retry_s: float = 0.1,
         retry_max_s: float = 2.0,
@@ -46,6 +50,8 @@ class Outbox:
         self.source = source
         self.run: RunRef | None = None
         self._rank_table = rank_table
+        self._fence = fence
+        self._on_fence_lost = on_fence_lost
         self._retry_s = retry_s
         self._retry_max_s = retry_max_s
         self._faults: list[pb.Fault] = []
@@ -99,8 +105,8 @@ class Outbox:
                 )
             evs = self._events[: TXN_OPS - len(ops)]
             ops.extend(evs)
-            if ops:
-                await self.store.txn([], ops)
+            if ops and not (await self.store.txn(self._fence(), ops)).succeeded:
+                raise FenceLost(f"node {self.node}: a write was refused, its registration is not this agent's")
             del self._faults[: len(faults)]
             del self._events[: len(evs)]
             if not self._faults and not self._events:
@@ -116,6 +122,12 @@ class Outbox:
             try:
                 await self.flush()
                 delay = self._retry_s
+            except FenceLost as err:
+                log.warning("agent %s: %s", self.node, err.detail)
+                await self._on_fence_lost()
+                self._dirty.set()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._retry_max_s)
             except EtcdUnavailable as err:
                 log.info("agent %s: cannot publish (%s); retrying in %.2fs", self.node, err, delay)
                 self._dirty.set()

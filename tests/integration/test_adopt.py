@@ -106,10 +106,12 @@ def test_adopted_ranks_are_recovered_with_their_captured_command(cluster: Cluste
 def test_a_job_of_adopted_ranks_that_finish_ends_with_zero(cluster: Cluster, tmp_path: Path) -> None:
     cluster.coordinator()
     cluster.strategy()
-    # Ranks are the test's own children here: their zombies keep the exit status readable.
+    # Ranks are the test's own children here: their zombies keep the exit status readable. They
+    # start stepping only once adopt has registered (a fixed step count would race a loaded machine).
+    start = tmp_path / "start"
     ranks = [
         subprocess.Popen(
-            [sys.executable, WORKER, "--steps", "20", "--step-time", "0.05"],
+            [sys.executable, WORKER, "--steps", "20", "--step-time", "0.05", "--start-file", str(start)],
             env={**os.environ, "RANK_ID": str(r)},
             stdout=subprocess.DEVNULL,
         )
@@ -117,6 +119,8 @@ def test_a_job_of_adopted_ranks_that_finish_ends_with_zero(cluster: Cluster, tmp
     ]
     try:
         adopt = _adopt(cluster, "adopt-done", [p.pid for p in ranks], "-r")
+        cluster.wait_for("adopt to register the node", lambda: cluster.view("adopt-done").nodes)
+        start.touch()
         assert adopt.wait(timeout=30) == 0
         view = cluster.view("adopt-done")
         assert view.status is not None and view.status.state == pb.JOB_SUCCEEDED

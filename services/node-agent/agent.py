@@ -74,6 +74,7 @@ from recoverd.errors import (
     FenceLost,
     JobSpecMismatch,
     LaunchFailed,
+    Reason,
     RecoverdError,
 )
 from recoverd.filewatch import watch_file
@@ -150,6 +151,10 @@ class NodeAgent:
         #: Another agent took this node over (this one was presumed dead): its ranks are that
         #: agent's now, so this one ends without touching them.
         self._superseded = False
+        #: This node's key changed: make sure it still holds this agent's record.
+        self._check_registration = False
+        #: Commands recorded as forged (epoch ahead of the recovery's), so each is noted once.
+        self._ignored_commands: set[tuple[int, int]] = set()
         resetfile.check_paths(settings.reset_json, settings.reset_json_mirror)
 
     @property
@@ -183,7 +188,9 @@ class NodeAgent:
                 return EXIT_REFUSED
             self.outbox.run = self.membership.run
             if joined is not None:
-                self._last_applied = await self.membership.last_applied()
+                # An ack from a later epoch than the recovery's is not ours (forged): ignored.
+                epoch = joined.recovery.epoch if joined.recovery is not None else 0
+                self._last_applied = min(await self.membership.last_applied(), (epoch, 2**62))
                 await self._adopt_ranks(joined)
             elif self.membership.replaced_run is not None:
                 await self._stop_leftovers(self.membership.replaced_run)
@@ -504,14 +511,20 @@ class NodeAgent:
 
     # ---------------------------------------------------------------- reacting
     async def _watch(self) -> None:
-        """Wake the reconcile on any change of the three keys this node acts on.
+        """Wake the reconcile on any change of the four keys this node acts on (its own node key
+        too: a record removed or overwritten by anyone else is written again at once).
 
         Exact-key watches, not the run prefix: an agent must not receive every other node's rank
         table writes (that would grow with nodes squared).
         """
         run = self.membership.run
         assert run is not None
-        keys = (self.keys.recovery(run), self.keys.status(run), self.keys.command(run, self.settings.node))
+        keys = (
+            self.keys.recovery(run),
+            self.keys.status(run),
+            self.keys.command(run, self.settings.node),
+            self.keys.node(run, self.settings.node),
+        )
         delay = self.settings.retry_s
         while True:
             try:
@@ -526,7 +539,10 @@ class NodeAgent:
                 group.create_task(self._wake_on(key, start + 1), name=f"agent-watch-{key.rsplit('/', 1)[1]}")
 
     async def _wake_on(self, key: str, start: int) -> None:
+        is_node_key = key == self.keys.node(self.membership.run, self.settings.node)  # type: ignore[arg-type]
         async for _ in self.store.watch_key(key, start):
+            if is_node_key:
+                self._check_registration = True
             self._wake.set()
 
     async def _worker(self) -> None:
@@ -569,16 +585,53 @@ class NodeAgent:
             log.info("job %s %s: %s", self.settings.job, pb.JobState.Name(status.state), status.reason)
             self._request_exit(code)
             return
-        command = await self._get(self.keys.command(run, self.settings.node), pb.Command)
-        if isinstance(command, pb.Command) and (command.epoch, command.seq) > self._last_applied:
+        if self._check_registration:
+            self._check_registration = False
+            await self._keep_registration()
+        recovery = await self._get(self.keys.recovery(run), pb.Recovery)
+        found = await self._get(self.keys.command(run, self.settings.node), pb.Command)
+        command = found if isinstance(found, pb.Command) and self._is_current(found, recovery) else None
+        if command is not None and (command.epoch, command.seq) > self._last_applied:
             await self._execute(command)
         elif self.membership.is_record_stale:
             await self.membership.register_again()
-        recovery = await self._get(self.keys.recovery(run), pb.Recovery)
         if self.settings.reset_json_mirror:
             await self._mirror_reset_json(recovery if isinstance(recovery, pb.Recovery) else None)
         if isinstance(recovery, pb.Recovery):
             await self._answer(recovery, command if isinstance(command, pb.Command) else None)
+
+    def _is_current(self, command: pb.Command, recovery: object) -> bool:
+        """A command is only the coordinator's if the recovery record it belongs to says so: the
+        coordinator writes both in one transaction, so a command from a later epoch than the
+        recovery's (or with no recovery at all) was written by someone else. Recorded once and
+        ignored: applying it would make this agent ignore every real command after it."""
+        epoch = recovery.epoch if isinstance(recovery, pb.Recovery) else 0
+        if command.epoch <= epoch:
+            return True
+        forged = (command.epoch, command.seq)
+        if forged not in self._ignored_commands:
+            self._ignored_commands.add(forged)
+            self.outbox.note(
+                Reason.BAD_RECORD,
+                f"command for epoch {command.epoch} (seq {command.seq}) is ahead of the recovery's epoch {epoch}:"
+                " ignored",
+            )
+        return False
+
+    async def _keep_registration(self) -> None:
+        """This node's key changed: if it is not our record any more (deleted, clobbered), write it
+        again; if another agent holds the node now, this one is superseded."""
+        holder = await self.membership.holder()
+        if holder == "me":
+            return
+        if holder == "nobody":
+            log.warning("agent %s: its node record was removed or overwritten; registering again", self.settings.node)
+            try:
+                await self.membership.register()
+            except FenceLost as err:
+                self._supersede(err.detail)
+            return
+        self._supersede(f"node {self.settings.node} is registered by {holder}")
 
     async def _watch_reset_json(self, retry_s: float = 1.0) -> None:
         """Faults from a device plugin's reset.json, once per (rank, status, UpdateTime)."""

@@ -231,6 +231,8 @@ class Membership:
             record = decode(pb.NodeRecord, kv.value, kv.key)
         except BadRecord:
             return "nobody"  # a clobbered record: re-registering rewrites it from our own state
+        if record.node != self.settings.node or record.agent_pid <= 0 or not record.host:
+            return "nobody"  # parses, but is no agent's record (e.g. `[]` or `{}`): clobbered too
         if record.host == socket.gethostname() and record.agent_pid == os.getpid():
             return "me"
         return f"agent pid {record.agent_pid} on {record.host or '?'}"
@@ -366,12 +368,17 @@ class Membership:
         there is none (the lease expired); raise FenceLost if another agent holds the node now."""
         assert self.run is not None and self.lease is not None
         key = self.keys.node(self.run, self.settings.node)
+        current = await self.store.get(key)
+        compare: list[Compare] = [Absent(key)] if current is None else [ValueIs(key, current.value)]
+        if current is not None and current.value != self.registration:
+            holder = await self.holder()
+            if holder not in ("nobody", "me"):
+                raise FenceLost(f"node {self.settings.node} is registered by {holder}")
+            # "nobody": a clobbered value; our record is rewritten over exactly what was read.
         registration = self._register_op(self.run, self.lease.id)
-        for compare in (self.fence(), [Absent(key)]):
-            if (await self.store.txn(compare, [registration])).succeeded:
-                self.registration, self.is_record_stale = registration.value, False
-                return
-        raise FenceLost(f"node {self.settings.node} is registered by another agent ({await self.holder()})")
+        if not (await self.store.txn(compare, [registration])).succeeded:
+            raise EtcdUnavailable(f"node {self.settings.node}: its key changed while registering; trying again")
+        self.registration, self.is_record_stale = registration.value, False
 
     async def register_again(self) -> None:
         """Rewrite this node's record (its ranks changed) under the current lease, fenced on our own

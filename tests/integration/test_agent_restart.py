@@ -14,7 +14,7 @@ import signal
 import psutil
 import pytest
 
-from recoverd.records import pb
+from recoverd.records import encode, pb
 
 from .cluster import Cluster
 
@@ -163,3 +163,50 @@ def test_a_superseded_agent_that_returns_stops_nothing_and_writes_nothing(cluste
     cluster.stop("agent-node0")
     cluster.wait_for("no rank left behind", lambda: not _rank_processes(job))
     _reap_orphans(cluster, [s.pid for s in before.values()])
+
+
+def test_a_forged_future_command_is_ignored_and_later_commands_still_apply(cluster: Cluster) -> None:
+    job = "job-forged-command"
+    cluster.coordinator()
+    cluster.strategy()
+    cluster.agent(job, strategies="recover-in-place,exit")
+    before = cluster.wait_running(job, 4)
+    view = cluster.view(job)
+    assert view.run is not None
+    forged = pb.Command(epoch=999, seq=1, action=pb.ACTION_RESTART_ALL, strategy="exit")
+    cluster.put(cluster.keys.command(view.run, "node0"), encode(forged))
+    cluster.wait_for("the forged command to be recorded", lambda: _events(cluster, job, "bad_record"))
+    assert {r: s.pid for r, s in cluster.ranks(job).items()} == {r: s.pid for r, s in before.items()}
+
+    os.kill(before[0].pid, signal.SIGKILL)
+    after = cluster.wait_for(
+        "rank 0 to come back",
+        lambda: (r := cluster.ranks(job))[0].state == pb.RANK_RUNNING and r[0].pid != before[0].pid and r,
+    )
+    assert all(after[rank].pid == before[rank].pid for rank in (1, 2, 3))
+    cluster.stop("agent-node0")
+
+
+def test_a_clobbered_node_record_is_written_again_by_its_agent(cluster: Cluster) -> None:
+    job = "job-clobbered-node"
+    cluster.coordinator()
+    cluster.strategy()
+    cluster.agent(job, strategies="recover-in-place,exit")
+    before = cluster.wait_running(job, 4)
+    view = cluster.view(job)
+    assert view.run is not None
+    key = cluster.keys.node(view.run, "node0")
+    for garbage in (b"[]", b"not json", b""):
+        cluster.put(key, garbage)
+        cluster.wait_for(
+            f"node0 to register again over {garbage!r}",
+            lambda: (v := cluster.get(key)) is not None and v.startswith(b"{") and b"node0" in v,
+        )
+    cluster.wait_for("node0 live again", lambda: "node0" in cluster.view(job).nodes)
+    os.kill(before[2].pid, signal.SIGKILL)
+    after = cluster.wait_for(
+        "rank 2 to come back",
+        lambda: (r := cluster.ranks(job))[2].state == pb.RANK_RUNNING and r[2].pid != before[2].pid and r,
+    )
+    assert all(after[rank].pid == before[rank].pid for rank in (0, 1, 3))
+    cluster.stop("agent-node0")

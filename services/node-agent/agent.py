@@ -196,7 +196,11 @@ class NodeAgent:
                 await self._stop_leftovers(self.membership.replaced_run)
             for signum, code in self.settings.exit_signals.items():
                 loop.add_signal_handler(signum, self._request_exit, code)
-            loop.add_signal_handler(signal.SIGCHLD, self._launcher.reap_strays)
+            # Only a runtime whose ranks are our children has zombies to reap (msrun reaps its own;
+            # simulated ranks have none), and signal handlers exist only on the main thread.
+            reaps = isinstance(self._launcher, Launcher)
+            if reaps:
+                loop.add_signal_handler(signal.SIGCHLD, self._launcher.reap_strays)
             self._start_all(generation=0, header="launch")
             self._warm.fill()
             try:
@@ -215,7 +219,7 @@ class NodeAgent:
                     for task in tasks:
                         task.cancel()
             finally:
-                for signum in (*self.settings.exit_signals, signal.SIGCHLD):
+                for signum in (*self.settings.exit_signals, *((signal.SIGCHLD,) if reaps else ())):
                     loop.remove_signal_handler(signum)
             return code
         finally:

@@ -210,3 +210,34 @@ def test_a_clobbered_node_record_is_written_again_by_its_agent(cluster: Cluster)
     )
     assert all(after[rank].pid == before[rank].pid for rank in (0, 1, 3))
     cluster.stop("agent-node0")
+
+
+def test_two_nodes_agent_restart_mid_recovery(cluster: Cluster) -> None:
+    """Kill a rank and its agent together: the restarted agent finds the rank dead, and the
+    recovery restarts just that rank; the other node's ranks are never touched."""
+    job = "job-readopt-two"
+    cluster.coordinator()
+    cluster.strategy()
+    common = {"strategies": "recover-in-place,exit", "nproc": 2, "nnodes": 2, "extra": ["--agent-lease-ttl", "3"]}
+    cluster.agent(job, "node0", node_rank=0, **common)  # type: ignore[arg-type]
+    cluster.agent(job, "node1", node_rank=1, **common)  # type: ignore[arg-type]
+    before = cluster.wait_running(job, 4)
+
+    os.kill(before[3].pid, signal.SIGKILL)
+    cluster.kill("agent-node1")
+    cluster.agent(job, "node1", node_rank=1, **common)  # type: ignore[arg-type]
+    after = cluster.wait_for(
+        "rank 3 to come back",
+        lambda: (r := cluster.ranks(job))[3].state == pb.RANK_RUNNING and r[3].pid != before[3].pid and r,
+        timeout=30,
+    )
+    assert all(after[rank].pid == before[rank].pid for rank in (0, 1, 2))
+    view = cluster.wait_for(
+        "the recovery to finish",
+        lambda: (v := cluster.view(job)).recovery and v.recovery.phase == pb.PHASE_DONE and v,
+    )
+    assert view.recovery.strategy == "recover-in-place"
+    assert sorted(_rank_processes(job)) == [0, 1, 2, 3] and all(len(p) == 1 for p in _rank_processes(job).values())
+    cluster.stop("agent-node1")
+    cluster.stop("agent-node0")
+    _reap_orphans(cluster, [before[2].pid, before[3].pid])

@@ -48,6 +48,7 @@ import aetcd.exceptions as aetcd_errors
 
 from recoverd.errors import ConfigError, EtcdRefused, EtcdUnavailable, RequestTooLarge
 from recoverd.etcd_versions import known_problem
+from recoverd.keys import printable
 
 __all__ = [
     "KV",
@@ -93,11 +94,6 @@ def _raw(key: str) -> bytes:
 def _text(key: bytes) -> str:
     """A key from etcd as a string; bytes that are not UTF-8 become lone surrogates (never an error)."""
     return key.decode("utf-8", errors="surrogateescape")
-
-
-def printable(text: str) -> str:
-    """``text`` safe to log or store in a proto string: undecodable bytes shown as escapes."""
-    return text.encode("utf-8", errors="backslashreplace").decode("utf-8")
 
 _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     aetcd_errors.ConnectionFailedError,

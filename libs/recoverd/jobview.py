@@ -79,8 +79,9 @@ class JobView:
         """The highest recovery epoch any record of this run names besides the recovery itself.
 
         The epoch must never go backwards (agents apply each (epoch, seq) once, so a repeated
-        epoch is ignored): a lost or clobbered recovery record is rebuilt above this.
-        Reports are left out: a participant's report is the least trusted input.
+        epoch is ignored): a lost or clobbered recovery record is rebuilt at this epoch, so the next
+        fault opens a new one. Reports are left out: a stale report (another epoch) is ordinary bad
+        input, recorded as ``stale_epoch``, and must not conjure a recovery record.
         """
         epochs = [0, *self.decisions]
         epochs += [c.epoch for c in self.commands.values()]

@@ -348,7 +348,7 @@ class Coordinator:
             note(
                 "recovery_rebuilt",
                 f"the recovery record was {'bad' if clobbered else 'missing'}; rebuilt at epoch {floor}"
-                " (the highest epoch of the run's decisions, commands, acks, signals and history)",
+                " (the highest epoch that the run's other records name)",
                 epoch=floor,
             )
         before = rec

@@ -48,7 +48,7 @@ class JobController:
 
     async def enqueue_all(self) -> int:
         """Enqueue every job once; return the revision of the read (watch from the next one)."""
-        snap = await self.store.get_prefix(self.keys.jobs_prefix())
+        snap = await self.store.get_prefix(self.keys.jobs_prefix(), keys_only=True)  # names are enough
         for kv in snap.kvs:
             if job := self.keys.job_of(kv.key):
                 self.queue.add(job)

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
+from recoverd import events as coordinator_events
 from recoverd.coordinator.reconciler import Coordinator
 from recoverd.jobview import read_job
 from recoverd.keys import Keyspace
@@ -253,3 +255,51 @@ async def test_a_job_with_5_mb_of_values_is_read_and_the_oversized_ones_removed(
     assert len(await events(store, keys, job.run, "bad_record")) == 5
     assert (await store.get_prefix(keys.acks_prefix(job.run))).kvs == []
     await _a_real_fault_is_recovered(store, keys, coordinator, job)
+
+
+async def test_a_pass_with_more_puts_than_one_transaction_holds_commits_them_all(store: Store, keys: Keyspace) -> None:
+    """300 commands and 200 events (an `exit` of a 300-node job): the fenced transaction takes the
+    recovery record first, the rest follows in fenced chunks; nothing is refused or lost."""
+    coordinator, job = await _setup(store, keys)
+    view = await read_job(store, keys, job.name)
+    recovery = pb.Recovery(epoch=1, recovery_id=1, phase=pb.PHASE_RECOVERING)
+    ops: list[Any] = [
+        Put(keys.command(job.run, f"m{i:03d}"), encode(pb.Command(epoch=1, seq=1, action=pb.ACTION_RESTART_ALL)))
+        for i in range(300)
+    ]
+    ops.append(Put(keys.recovery(job.run), encode(recovery)))
+    ev = [
+        coordinator_events.event_put(keys, job.run, "coordinator", "command_sent", f"to m{i:03d}") for i in range(200)
+    ]
+    await coordinator._commit(view, ops, ev)
+    assert len((await store.get_prefix(keys.commands_prefix(job.run))).kvs) == 300
+    assert await _recovery(store, keys, job) == recovery
+    assert len(await events(store, keys, job.run, "command_sent")) == 200
+
+
+async def test_follow_up_puts_are_fenced_by_the_recovery_record(store: Store, keys: Keyspace) -> None:
+    """If another pass rewrote the recovery between the fenced commit and a follow-up chunk, the
+    chunk is not written (that pass owns the recovery now) and the job is requeued."""
+    coordinator, job = await _setup(store, keys)
+    view = await read_job(store, keys, job.name)
+    real_txn = store.txn
+    calls = 0
+
+    async def txn_with_a_rival(compares: Any, success: Any, failure: Any = ()) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # after the fenced commit, before the first follow-up chunk
+            await store.put(keys.recovery(job.run), encode(pb.Recovery(epoch=2, recovery_id=2, phase=pb.PHASE_DONE)))
+        return await real_txn(compares, success, failure)
+
+    ops: list[Any] = [
+        Put(keys.command(job.run, f"m{i:03d}"), encode(pb.Command(epoch=1, seq=1, action=pb.ACTION_RESTART_ALL)))
+        for i in range(200)
+    ]
+    store.txn = txn_with_a_rival  # type: ignore[method-assign]
+    try:
+        await coordinator._commit(view, ops, [])
+    finally:
+        store.txn = real_txn  # type: ignore[method-assign]
+    assert len((await store.get_prefix(keys.commands_prefix(job.run))).kvs) == 128
+    assert job.name in coordinator._jobs.queue._queued

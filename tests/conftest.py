@@ -266,3 +266,17 @@ def no_leftover_processes(request: pytest.FixtureRequest) -> Iterator[None]:
         "period (every started process must be killed and reaped):\n" + "\n".join(lines),
         pytrace=False,
     )
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The fuzz figures (tests/fuzzstats.py): cases per target, and crashes (a crash fails its test)."""
+    from tests.fuzzstats import CASES, FIGURES
+
+    if not CASES:
+        return
+    failed = len(terminalreporter.stats.get("failed", []))
+    parts = ", ".join(f"{name} {count}" for name, count in sorted(CASES.items()))
+    parts += "".join(f"; {name} {count}" for name, count in sorted(FIGURES.items()))
+    terminalreporter.write_line(
+        f"fuzz: {sum(CASES.values())} cases ({parts}); crashes: {'see failures' if failed else 0}"
+    )

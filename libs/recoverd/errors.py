@@ -14,6 +14,7 @@ __all__ = [
     "BadRecord",
     "BadReport",
     "ConfigError",
+    "EtcdRefused",
     "EtcdUnavailable",
     "FenceLost",
     "IllegalTransition",
@@ -21,6 +22,7 @@ __all__ = [
     "LaunchFailed",
     "Reason",
     "RecoverdError",
+    "RequestTooLarge",
     "StaleEpoch",
     "UnknownRank",
 ]
@@ -39,6 +41,8 @@ class Reason(StrEnum):
     JOB_SPEC_MISMATCH = "job_spec_mismatch"
     LAUNCH_FAILED = "launch_failed"
     ETCD_UNAVAILABLE = "etcd_unavailable"
+    ETCD_REFUSED = "etcd_refused"
+    ETCD_LIMIT = "etcd_limit"
     CONFIG_ERROR = "config_error"
     INTERNAL_ERROR = "internal_error"
 
@@ -110,6 +114,20 @@ class EtcdUnavailable(RecoverdError):
     """etcd could not be reached within the configured timeout."""
 
     reason = Reason.ETCD_UNAVAILABLE
+
+
+class EtcdRefused(RecoverdError):
+    """etcd answered, and refused the request (invalid argument, precondition): a retry of the same
+    request gets the same answer, so it is logged loudly and never retried as "etcd unavailable"."""
+
+    reason = Reason.ETCD_REFUSED
+
+
+class RequestTooLarge(EtcdRefused):
+    """A request over one of etcd's limits (128 operations per transaction, 1.5 MiB per request) or a
+    response over the client's 4 MiB: refused before it is sent where the size is known in advance."""
+
+    reason = Reason.ETCD_LIMIT
 
 
 class ConfigError(RecoverdError):

@@ -12,7 +12,7 @@ import itertools
 import os
 import time
 
-from recoverd.keys import Keyspace, RunRef
+from recoverd.keys import Keyspace, RunRef, printable
 from recoverd.records import encode, pb, ts_from_s
 from recoverd.store import Delete, Put, Store
 
@@ -37,13 +37,20 @@ def event_put(
 ) -> Put:
     """The put operation for one event (to add to a transaction, or write alone)."""
     at = time.time() if at is None else at
+    # printable: a message may quote a key holding bytes that are not UTF-8 (protobuf refuses those).
     event = pb.Event(
-        at=ts_from_s(at), source=source, reason=reason, message=message, epoch=epoch, phase=phase, node=node
+        at=ts_from_s(at),
+        source=source,
+        reason=reason,
+        message=printable(message),
+        epoch=epoch,
+        phase=phase,
+        node=printable(node),
     )
     if rank is not None:
         event.rank = rank
     if data:
-        event.data.update(data)
+        event.data.update({printable(k): printable(v) for k, v in data.items()})
     event_id = f"{int(at * 1e9):020d}-{source.replace('/', '.')}-{os.getpid()}-{next(_counter):010d}"
     return Put(keys.event(run, event_id), encode(event))
 

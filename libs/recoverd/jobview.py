@@ -1,10 +1,18 @@
 """A decoded, consistent read of one job's current run: what every reconciler starts from.
 
-One range read of ``jobs/<job>/`` at one revision; each value is decoded into its record. Values
-that do not parse, and keys outside the schema, are collected in ``bad`` (never raised), so one
-malformed write cannot stop a job's reconcile: the coordinator records and removes them. Keys of
-an earlier run of the same job name (another uid) are listed in ``other_runs`` and never read as
-this run's.
+One (paged) range read of ``jobs/<job>/`` at one revision; each value is decoded into its record
+and validated (``recoverd.validate``). Values that do not parse or validate, and keys outside the
+schema, are collected in ``bad`` (never raised), so one malformed write cannot stop a job's
+reconcile: the coordinator records and removes them. Two kinds of bad key are not removed:
+
+* the job's ``spec`` (the job's identity, written once by its first launcher): the view keeps
+  ``spec_error`` so the job is still reported (``recoverctl``) with the reason;
+* a live participant's leased record (``nodes/``, ``clients/``) with a bad value: the lease says
+  its owner is alive, so it stays a live participant (a placeholder record) and only its owner
+  rewrites it. Deleting another service's leased key would make it look dead forever.
+
+Keys of an earlier run of the same job name (another uid) are listed in ``other_runs`` and never
+read as this run's.
 """
 
 from __future__ import annotations
@@ -16,8 +24,26 @@ from recoverd.errors import BadRecord
 from recoverd.keys import KeyKind, Keyspace, RunRef
 from recoverd.records import decode, pb
 from recoverd.store import Store
+from recoverd.validate import JobFrame, check_record, check_size, check_spec, sequence_of
 
-__all__ = ["JobView", "idle_spares", "node_of_rank", "read_job"]
+__all__ = ["BadKey", "JobView", "idle_spares", "node_of_rank", "read_job"]
+
+
+@dataclass(frozen=True, slots=True)
+class BadKey:
+    """A key whose name or value is bad input, with the reason (for a ``bad_record`` event)."""
+
+    key: str
+    value: bytes
+    reason: str
+    kind: KeyKind | None = None
+    lease: int = 0
+    mod_revision: int = 0
+
+    @property
+    def is_live_record(self) -> bool:
+        """A leased participant record: kept (its owner rewrites it), never deleted by others."""
+        return self.kind in (KeyKind.NODE, KeyKind.CLIENT) and self.lease != 0
 
 
 @dataclass(slots=True)
@@ -26,6 +52,8 @@ class JobView:
 
     revision: int
     spec: pb.JobSpec | None = None
+    #: Why the stored spec is unusable ("" when it is fine or absent).
+    spec_error: str = ""
     run: RunRef | None = None
     status: pb.JobStatus | None = None
     recovery: pb.Recovery | None = None
@@ -38,9 +66,29 @@ class JobView:
     decisions: dict[int, pb.Decision] = field(default_factory=dict)
     commands: dict[str, pb.Command] = field(default_factory=dict)
     acks: dict[str, pb.CommandAck] = field(default_factory=dict)
+    #: Signal keys, oldest (lowest sequence number) first.
     signals: list[str] = field(default_factory=list)
-    bad: list[tuple[str, bytes, str]] = field(default_factory=list)
+    #: The highest signal sequence number stored (0 if none).
+    last_signal_seq: int = 0
+    #: The highest epoch a stored signal names (0 if none).
+    signal_epoch: int = 0
+    bad: list[BadKey] = field(default_factory=list)
     other_runs: set[str] = field(default_factory=set)
+
+    def epoch_floor(self) -> int:
+        """The highest recovery epoch any record of this run names besides the recovery itself.
+
+        The epoch must never go backwards (agents apply each (epoch, seq) once, so a repeated
+        epoch is ignored): a lost or clobbered recovery record is rebuilt at this epoch, so the next
+        fault opens a new one. Reports are left out: a stale report (another epoch) is ordinary bad
+        input, recorded as ``stale_epoch``, and must not conjure a recovery record.
+        """
+        epochs = [0, *self.decisions]
+        epochs += [c.epoch for c in self.commands.values()]
+        epochs += [a.epoch for a in self.acks.values()]
+        epochs += [o.epoch for o in (self.history.outcomes if self.history is not None else ())]
+        epochs += [self.signal_epoch]
+        return max(epochs)
 
 
 _DECODERS: dict[KeyKind, type] = {
@@ -55,44 +103,62 @@ _DECODERS: dict[KeyKind, type] = {
     KeyKind.DECISION: pb.Decision,
     KeyKind.COMMAND: pb.Command,
     KeyKind.ACK: pb.CommandAck,
+    KeyKind.SIGNAL: pb.Signal,
 }
 
 
+def _read_spec(view: JobView, keys: Keyspace, job: str, kvs: list[Any]) -> None:
+    spec_key = keys.job_spec(job)
+    for kv in kvs:
+        if kv.key != spec_key:
+            continue
+        try:
+            check_size(KeyKind.JOB_SPEC, kv.value)
+            spec = decode(pb.JobSpec, kv.value, kv.key)
+            check_spec(spec, job)
+        except BadRecord as err:
+            view.spec_error = err.detail
+            view.bad.append(BadKey(kv.key, kv.value, err.detail, KeyKind.JOB_SPEC, kv.lease, kv.mod_revision))
+            return
+        view.spec = spec
+        return
+
+
 async def read_job(store: Store, keys: Keyspace, job: str) -> JobView:
-    """Read and decode one job's keys at one revision; malformed values go to ``view.bad``."""
+    """Read, decode and validate one job's keys at one revision; bad ones go to ``view.bad``."""
     snap = await store.get_prefix(keys.job_prefix(job))
     view = JobView(snap.revision)
-    for kv in snap.kvs:
-        if kv.key == keys.job_spec(job):
-            try:
-                view.spec = decode(pb.JobSpec, kv.value, kv.key)
-            except BadRecord as err:
-                view.bad.append((kv.key, kv.value, str(err)))
-            break
+    _read_spec(view, keys, job, snap.kvs)
     if view.spec is None:
         return view
     view.run = RunRef(job, view.spec.uid)
+    frame = JobFrame(job, view.spec.uid, view.spec.world_size, view.spec.nnodes)
+    signals: list[tuple[int, str]] = []
     for kv in snap.kvs:
         if kv.key == keys.job_spec(job):
             continue
         try:
             ref = keys.parse(kv.key)
         except BadRecord as err:
-            view.bad.append((kv.key, kv.value, str(err)))
+            view.bad.append(BadKey(kv.key, kv.value, err.detail, None, kv.lease, kv.mod_revision))
             continue
         if ref.uid != view.spec.uid:
             view.other_runs.add(ref.uid)
-            continue
-        if ref.kind is KeyKind.SIGNAL:
-            view.signals.append(kv.key)
             continue
         decoder = _DECODERS.get(ref.kind)
         if decoder is None:
             continue
         try:
+            check_size(ref.kind, kv.value)
             msg: Any = decode(decoder, kv.value, kv.key)
+            check_record(ref, msg, kv.lease, frame)
         except BadRecord as err:
-            view.bad.append((kv.key, kv.value, str(err)))
+            bad = BadKey(kv.key, kv.value, err.detail, ref.kind, kv.lease, kv.mod_revision)
+            view.bad.append(bad)
+            if bad.is_live_record and ref.kind is KeyKind.NODE:
+                view.nodes[ref.name] = pb.NodeRecord(node=ref.name, node_rank=-1)
+            elif bad.is_live_record:
+                view.clients[ref.name] = pb.ClientRecord(client_id=ref.name)
             continue
         if ref.kind is KeyKind.STATUS:
             view.status = msg
@@ -116,6 +182,12 @@ async def read_job(store: Store, keys: Keyspace, job: str) -> JobView:
             view.commands[ref.name] = msg
         elif ref.kind is KeyKind.ACK:
             view.acks[ref.name] = msg
+        elif ref.kind is KeyKind.SIGNAL:
+            signals.append((sequence_of(ref), kv.key))
+            view.signal_epoch = max(view.signal_epoch, msg.epoch)
+    signals.sort()
+    view.signals = [key for _, key in signals]
+    view.last_signal_seq = signals[-1][0] if signals else 0
     return view
 
 

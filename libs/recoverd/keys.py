@@ -36,12 +36,21 @@ from enum import StrEnum
 
 from recoverd.errors import BadRecord
 
-__all__ = ["DEFAULT_PREFIX", "KeyKind", "KeyRef", "Keyspace", "RunRef", "check_id"]
+__all__ = ["DEFAULT_PREFIX", "KeyKind", "KeyRef", "Keyspace", "RunRef", "check_id", "printable"]
 
 DEFAULT_PREFIX = "/recoverd/v1"
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")
 _SEQ_WIDTH = 12
+
+
+def printable(text: str) -> str:
+    """A key (or any text) safe to log or store in a proto string field.
+
+    The store decodes keys with ``surrogateescape`` so that bytes that are not UTF-8 survive a
+    round trip; such a key holds lone surrogates, which protobuf refuses. Shown here as escapes.
+    """
+    return text.encode("utf-8", errors="backslashreplace").decode("utf-8")
 
 
 def check_id(kind: str, value: str) -> str:
@@ -241,7 +250,7 @@ class Keyspace:
         Used by watch handlers to find which job a changed key belongs to. Ids are re-checked, so
         a hand-written key such as ``jobs/a b/spec`` is rejected, not misrouted.
         """
-        text = key.decode() if isinstance(key, bytes) else key
+        text = key.decode("utf-8", errors="surrogateescape") if isinstance(key, bytes) else key
         root = f"{self.prefix}/"
         if not text.startswith(root):
             raise BadRecord(f"key {text!r} is outside the prefix {self.prefix!r}")

@@ -8,6 +8,7 @@ naming the key, so one bad value is recorded and skipped instead of crashing a r
 
 from __future__ import annotations
 
+import json
 import time
 from typing import TypeVar
 
@@ -16,9 +17,10 @@ from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from recoverd.errors import BadRecord
+from recoverd.keys import printable
 from recoverd.v1 import records_pb2 as pb
 
-__all__ = ["decode", "encode", "pb", "ts_from_s", "ts_to_s", "wall_now"]
+__all__ = ["decode", "encode", "pb", "printable", "ts_from_s", "ts_to_s", "wall_now"]
 
 M = TypeVar("M", bound=Message)
 
@@ -28,16 +30,38 @@ def encode(message: Message) -> bytes:
     return json_format.MessageToJson(message, preserving_proto_field_name=True, indent=None, sort_keys=True).encode()
 
 
+# What the JSON and protobuf parsers raise on hostile input (deep nesting, huge numbers, odd types).
+_PARSE_ERRORS = (
+    json_format.ParseError,
+    UnicodeDecodeError,
+    ValueError,
+    TypeError,
+    RecursionError,
+    OverflowError,
+    AttributeError,
+    KeyError,
+)
+
+
 def decode(cls: type[M], raw: bytes | str, key: str = "") -> M:
-    """Parse a stored record; raise BadRecord (with the key) when it is not a valid ``cls``."""
+    """Parse a stored record; raise BadRecord (with the key) when it is not a valid ``cls``.
+
+    Only a JSON object is a record: ``[]``, ``"str"`` or ``1`` parse as JSON but are refused here
+    (protobuf's own parser would take ``[]`` for an empty message). This checks the syntax only;
+    ``recoverd.validate`` checks what the fields mean.
+    """
     message = cls()
+    where = f" at {printable(key)}" if key else ""
     try:
         text = raw.decode() if isinstance(raw, bytes) else raw
-        json_format.Parse(text, message, ignore_unknown_fields=True)
-    except (json_format.ParseError, UnicodeDecodeError, ValueError, TypeError) as err:
-        where = f" at {key}" if key else ""
-        raise BadRecord(f"malformed {cls.__name__}{where}: {err}") from err
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise BadRecord(f"malformed {cls.__name__}{where}: a {type(data).__name__}, not a JSON object")
+        json_format.ParseDict(data, message, ignore_unknown_fields=True)
+    except _PARSE_ERRORS as err:
+        raise BadRecord(f"malformed {cls.__name__}{where}: {printable(str(err))[:300]}") from err
     return message
+
 
 
 def wall_now() -> float:

@@ -15,6 +15,21 @@ in one process fails with "duplicate symbol") and adds what it lacks:
 * **endpoint failover**: a comma-separated endpoint list; a connection failure moves to the next.
 
 Every call has a timeout (``op_timeout_s``); a connection problem raises :class:`EtcdUnavailable`.
+
+etcd's limits are part of the contract (docs/adr/0019):
+
+* **keys are bytes**: anyone can write a key that is not UTF-8. Keys are decoded with
+  ``surrogateescape`` and encoded back the same way, so such a key reaches the caller as a string
+  that names no valid id (rejected by ``keys.parse``) and can still be deleted; :func:`printable`
+  makes it safe to log or store in a record;
+* **no request over the limits**: a transaction over :data:`MAX_TXN_OPS` operations or compares, or
+  any request over :data:`MAX_REQUEST_BYTES`, raises :class:`RequestTooLarge` before it is sent; a
+  refusal from etcd itself raises :class:`RequestTooLarge` or :class:`EtcdRefused`, never
+  :class:`EtcdUnavailable` (a retry of the same request cannot succeed);
+* **no response over the limit**: :meth:`Store.get_prefix` reads in pages at one revision and halves
+  the page when etcd's answer would exceed the client's 4 MiB, so a job of any size can be read;
+* **known-bad servers**: once per connection the server's version is read and a release with a
+  known data-loss bug (``etcd_versions``) is logged as a warning.
 """
 
 from __future__ import annotations
@@ -31,10 +46,14 @@ from typing import Any, TypeVar
 import aetcd
 import aetcd.exceptions as aetcd_errors
 
-from recoverd.errors import ConfigError, EtcdUnavailable
+from recoverd.errors import ConfigError, EtcdRefused, EtcdUnavailable, RequestTooLarge
+from recoverd.etcd_versions import known_problem
+from recoverd.keys import printable
 
 __all__ = [
     "KV",
+    "MAX_REQUEST_BYTES",
+    "MAX_TXN_OPS",
     "Absent",
     "Compare",
     "Delete",
@@ -49,12 +68,32 @@ __all__ = [
     "TxnResult",
     "ValueIs",
     "WatchEvent",
+    "op_size",
     "parse_endpoints",
+    "printable",
 ]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+#: etcd's ``--max-txn-ops`` default: operations per transaction branch (and compares).
+MAX_TXN_OPS = 128
+#: etcd's ``--max-request-bytes`` default is 1.5 MiB; keep a margin for the request's own framing.
+MAX_REQUEST_BYTES = 1536 * 1024 - 16 * 1024
+#: Keys per page of a range read; halved while etcd's answer is over the client's 4 MiB.
+PAGE_KEYS = 1000
+_COMPACTED_RETRIES = 3
+
+
+def _raw(key: str) -> bytes:
+    """A key as etcd stores it: the inverse of :func:`_text` (undecodable bytes round-trip)."""
+    return key.encode("utf-8", errors="surrogateescape")
+
+
+def _text(key: bytes) -> str:
+    """A key from etcd as a string; bytes that are not UTF-8 become lone surrogates (never an error)."""
+    return key.decode("utf-8", errors="surrogateescape")
 
 _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     aetcd_errors.ConnectionFailedError,
@@ -196,6 +235,40 @@ class Resync:
     reason: str
 
 
+def op_size(op: Op) -> int:
+    """About what ``op`` adds to a request, in bytes (key, value and framing)."""
+    if isinstance(op, Put):
+        return len(_raw(op.key)) + len(op.value) + 32
+    if isinstance(op, Delete):
+        return len(_raw(op.key)) + 16
+    return 2 * len(_raw(op.prefix)) + 16
+
+
+class _Compacted(Exception):
+    """A paged read's revision was compacted between pages (internal: the read starts again)."""
+
+
+_UNAVAILABLE_CODES = frozenset(
+    {
+        aetcd.rpc.StatusCode.UNAVAILABLE,
+        aetcd.rpc.StatusCode.DEADLINE_EXCEEDED,
+        aetcd.rpc.StatusCode.CANCELLED,
+        aetcd.rpc.StatusCode.UNKNOWN,
+        aetcd.rpc.StatusCode.INTERNAL,
+        aetcd.rpc.StatusCode.ABORTED,
+    }
+)
+_TOO_LARGE_HINTS = ("too many operations", "too large", "larger than max", "exhausted", "message length")
+
+
+def _refusal(name: str, detail: str) -> EtcdRefused:
+    """The typed error for a request etcd refused; :class:`RequestTooLarge` when it was its size."""
+    text = f"etcd refused {name}: {detail}"
+    if any(hint in detail.lower() for hint in _TOO_LARGE_HINTS):
+        return RequestTooLarge(text)
+    return EtcdRefused(text)
+
+
 def _prefix_end(prefix: bytes) -> bytes:
     as_list = bytearray(prefix)
     for i in reversed(range(len(as_list))):
@@ -232,7 +305,11 @@ class Store:
         self.watch_retry_s = watch_retry_s
         self.watch_retry_max_s = watch_retry_max_s
         self._current = 0
+        self.page_keys = PAGE_KEYS
+        #: The server release of the current connection ("" until read).
+        self.server_version = ""
         self._client: Any = None
+        self._version_task: asyncio.Task[None] | None = None
         self._state = _State.UNOPENED
 
     @property
@@ -252,6 +329,7 @@ class Store:
     async def aclose(self) -> None:
         """Close the connection; idempotent."""
         self._state = _State.CLOSED
+        self._stop_version_check()
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):
@@ -278,10 +356,40 @@ class Store:
                 _propagate_cancellation()
                 raise EtcdUnavailable(f"cannot connect to etcd at {host}:{port}: {err!r}") from err
             self._client = client
+            # In the background: the version is advice and must not delay (or fail) the first call.
+            self._version_task = asyncio.create_task(self._check_version(client), name="etcd-version")
         return self._client
+
+    def _stop_version_check(self) -> None:
+        task, self._version_task = self._version_task, None
+        if task is not None and not task.done():
+            task.cancel()
+
+    async def _check_version(self, client: Any) -> None:
+        """Warn (once per connection) when the server runs a release with a known data-loss bug."""
+        try:
+            status = await _bounded(
+                client.maintenancestub.Status(
+                    aetcd.rpc.StatusRequest(), timeout=self.op_timeout_s, metadata=client.metadata
+                ),
+                limit_s=self.op_timeout_s,
+            )
+        except Exception as err:  # the version is advice: never fail a connection over it
+            log.debug("cannot read the etcd version at %s: %r", self.endpoint, err)
+            return
+        self.server_version = str(status.version)
+        problem = known_problem(self.server_version)
+        if problem is not None:
+            log.warning(
+                "etcd at %s runs %s, a release that %s; use 3.4.22+ or 3.5.6+ in production",
+                self.endpoint,
+                self.server_version,
+                problem,
+            )
 
     async def _failover(self) -> None:
         """Drop the current connection and move to the next endpoint."""
+        self._stop_version_check()
         client, self._client = self._client, None
         if len(self.endpoints) > 1:
             self._current = (self._current + 1) % len(self.endpoints)
@@ -297,21 +405,91 @@ class Store:
             _propagate_cancellation()
             await self._failover()
             raise EtcdUnavailable(f"etcd {name} failed at {self.endpoint}: {err!r}") from err
+        except aetcd_errors.ClientError as err:
+            _propagate_cancellation()
+            raise _refusal(name, str(err)) from err
+
+    async def _rpc_error(self, name: str, err: Any) -> EtcdUnavailable | EtcdRefused:
+        """Sort a gRPC error: etcd not answering (fail over, retry later) or refusing this request."""
+        code = err.code()
+        if code in _UNAVAILABLE_CODES:
+            await self._failover()
+            return EtcdUnavailable(f"etcd {name} failed at {self.endpoint}: {code.name} {err.details()}")
+        refusal = _refusal(name, f"{code.name} {err.details()}")
+        log.error("etcd refused a %s request: %s", name, refusal.detail)
+        return refusal
 
     # ---------------------------------------------------------------- reads
     async def get(self, key: str) -> KV | None:
-        result = await self._call("get", key.encode())
+        result = await self._call("get", _raw(key))
         if result is None:
             return None
         return KV(key, result.value, result.mod_revision, result.create_revision, result.lease)
 
     async def get_prefix(self, prefix: str, *, keys_only: bool = False) -> Snapshot:
-        """Every key under ``prefix`` at one revision (sorted by key); ``keys_only`` leaves values empty."""
-        result = await self._call(
-            "get_prefix", prefix.encode(), sort_order="ascend", sort_target="key", keys_only=keys_only
-        )
-        kvs = [KV(kv.key.decode(), kv.value, kv.mod_revision, kv.create_revision, kv.lease) for kv in result]
-        return Snapshot(result.header.revision, kvs)
+        """Every key under ``prefix`` at one revision (sorted by key); ``keys_only`` leaves values empty.
+
+        Read in pages of at most ``page_keys`` keys, every page at the first page's revision, so the
+        result is one consistent snapshot of any size while no single answer exceeds the client's
+        4 MiB (a page that would is halved and read again). If that revision is compacted away
+        between pages the whole read starts again at a fresh revision.
+        """
+        start = _raw(prefix)
+        end = _prefix_end(start)
+        for _ in range(_COMPACTED_RETRIES):
+            try:
+                return await self._read_range(start, end, keys_only)
+            except _Compacted:
+                continue
+        raise EtcdUnavailable(f"reading {printable(prefix)}: history compacted under every attempt")
+
+    async def _read_range(self, start: bytes, end: bytes, keys_only: bool) -> Snapshot:
+        kvs: list[KV] = []
+        revision = 0
+        key = start
+        while True:
+            response = await self._range_page(key, end, revision, keys_only)
+            if revision == 0:
+                revision = int(response.header.revision)
+            kvs.extend(
+                KV(_text(kv.key), kv.value, kv.mod_revision, kv.create_revision, kv.lease) for kv in response.kvs
+            )
+            if not response.more or not response.kvs:
+                return Snapshot(revision, kvs)
+            key = response.kvs[-1].key + b"\0"
+
+    async def _range_page(self, key: bytes, end: bytes, revision: int, keys_only: bool) -> Any:
+        """One page of a range read; shrinks ``page_keys`` while the answer is too large."""
+        client = await self._get_client()
+        while True:
+            request = aetcd.rpc.RangeRequest(
+                key=key,
+                range_end=end,
+                limit=self.page_keys,
+                revision=revision,
+                sort_order=aetcd.rpc.RangeRequest.ASCEND,
+                sort_target=aetcd.rpc.RangeRequest.KEY,
+                keys_only=keys_only,
+            )
+            try:
+                return await _bounded(
+                    client.kvstub.Range(request, timeout=self.op_timeout_s, metadata=client.metadata),
+                    limit_s=self.op_timeout_s,
+                )
+            except aetcd.rpc.AioRpcError as err:
+                _propagate_cancellation()
+                code = err.code()
+                if code == aetcd.rpc.StatusCode.RESOURCE_EXHAUSTED and self.page_keys > 1:
+                    self.page_keys = max(1, self.page_keys // 2)
+                    log.info("range read over the response limit; reading %d keys per page", self.page_keys)
+                    continue
+                if code == aetcd.rpc.StatusCode.OUT_OF_RANGE and "compacted" in (err.details() or ""):
+                    raise _Compacted() from err
+                raise await self._rpc_error("range", err) from err
+            except _CONNECTION_ERRORS as err:
+                _propagate_cancellation()
+                await self._failover()
+                raise EtcdUnavailable(f"etcd range failed at {self.endpoint}: {err!r}") from err
 
     async def revision(self) -> int:
         """The store's current revision (for starting a watch after a read)."""
@@ -319,29 +497,42 @@ class Store:
 
     # ---------------------------------------------------------------- writes
     async def put(self, key: str, value: bytes, *, lease: int | None = None) -> int:
-        result = await self._call("put", key.encode(), value, lease=lease)
+        size = op_size(Put(key, value, lease))
+        if size > MAX_REQUEST_BYTES:
+            raise RequestTooLarge(f"put of {printable(key)}: {size} bytes is over etcd's {MAX_REQUEST_BYTES}")
+        result = await self._call("put", _raw(key), value, lease=lease)
         return int(result.header.revision)
 
     async def delete(self, key: str) -> bool:
-        result = await self._call("delete", key.encode())
+        result = await self._call("delete", _raw(key))
         return result is not None and bool(getattr(result, "deleted", 0))
 
     async def delete_prefix(self, prefix: str) -> int:
-        result = await self._call("delete_prefix", prefix.encode())
+        result = await self._call("delete_prefix", _raw(prefix))
         return int(getattr(result, "deleted", 0))
 
     async def txn(self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()) -> TxnResult:
-        """Apply ``success`` atomically if every compare holds, else ``failure``."""
+        """Apply ``success`` atomically if every compare holds, else ``failure``.
+
+        Raises :class:`RequestTooLarge` without sending when a branch has more than
+        :data:`MAX_TXN_OPS` operations, there are more compares than that, or the request is over
+        :data:`MAX_REQUEST_BYTES`: callers split their work (docs/adr/0019), etcd would refuse it.
+        """
+        if max(len(compares), len(success), len(failure)) > MAX_TXN_OPS:
+            raise RequestTooLarge(
+                f"transaction of {len(compares)} compares, {len(success)}/{len(failure)} operations:"
+                f" etcd allows {MAX_TXN_OPS}"
+            )
         client = await self._get_client()
         tx = client.transactions
         built: list[Any] = []
         for cmp in compares:
             if isinstance(cmp, ValueIs):
-                built.append(tx.value(cmp.key.encode()) == cmp.value)
+                built.append(tx.value(_raw(cmp.key)) == cmp.value)
             elif isinstance(cmp, Absent):
-                built.append(tx.create(cmp.key.encode()) == 0)
+                built.append(tx.create(_raw(cmp.key)) == 0)
             else:
-                key = cmp.key.encode()
+                key = _raw(cmp.key)
                 mod = tx.mod(key, _prefix_end(key)) if cmp.is_prefix else tx.mod(key)
                 built.append(mod < cmp.revision + 1)
 
@@ -349,28 +540,31 @@ class Store:
             out: list[Any] = []
             for op in items:
                 if isinstance(op, Put):
-                    out.append(tx.put(op.key.encode(), op.value, lease=op.lease))
+                    out.append(tx.put(_raw(op.key), op.value, lease=op.lease))
                 elif isinstance(op, Delete):
-                    out.append(tx.delete(op.key.encode()))
+                    out.append(tx.delete(_raw(op.key)))
                 else:
-                    key = op.prefix.encode()
+                    key = _raw(op.prefix)
                     out.append(tx.delete(key, _prefix_end(key)))
             return out
 
+        request = aetcd.rpc.TxnRequest(
+            compare=[c.build_message() for c in built],
+            success=client._ops_to_requests(ops(success)),
+            failure=client._ops_to_requests(ops(failure)),
+        )
+        size = request.ByteSize()
+        if size > MAX_REQUEST_BYTES:
+            raise RequestTooLarge(f"transaction of {size} bytes: etcd allows {MAX_REQUEST_BYTES}")
         try:
             response = await _bounded(
-                client.kvstub.Txn(
-                    aetcd.rpc.TxnRequest(
-                        compare=[c.build_message() for c in built],
-                        success=client._ops_to_requests(ops(success)),
-                        failure=client._ops_to_requests(ops(failure)),
-                    ),
-                    timeout=self.op_timeout_s,
-                    metadata=client.metadata,
-                ),
+                client.kvstub.Txn(request, timeout=self.op_timeout_s, metadata=client.metadata),
                 limit_s=self.op_timeout_s,
             )
-        except (aetcd.rpc.AioRpcError, *_CONNECTION_ERRORS) as err:
+        except aetcd.rpc.AioRpcError as err:
+            _propagate_cancellation()
+            raise await self._rpc_error("txn", err) from err
+        except _CONNECTION_ERRORS as err:
             _propagate_cancellation()
             await self._failover()
             raise EtcdUnavailable(f"etcd txn failed at {self.endpoint}: {err!r}") from err
@@ -414,7 +608,7 @@ class Store:
         """
         next_rev = start_revision
         delay = self.watch_retry_s
-        key = prefix.encode()
+        key = _raw(prefix)
         resync: str | None = None  # reason for the Resync owed once the watch is live again
         while True:
             watch = None
@@ -432,7 +626,7 @@ class Store:
                     kv = event.kv
                     next_rev = kv.mod_revision + 1
                     yield WatchEvent(
-                        kv.key.decode(), kv.value, kv.mod_revision, event.kind == aetcd.rtypes.EventKind.DELETE
+                        _text(kv.key), kv.value, kv.mod_revision, event.kind == aetcd.rtypes.EventKind.DELETE
                     )
                 # The iterator ended without an error: the stream was shut down under us.
                 raise aetcd_errors.ConnectionFailedError("watch stream ended")

@@ -12,7 +12,9 @@ Reads only, with one exception: ``policy set`` rewrites the job's spec record wi
 in one transaction that compares the spec key's mod revision (and value) with what it read, so a
 concurrent change makes it fail rather than be overwritten. It is the only write recoverctl makes;
 an invalid file writes nothing. ``--json`` prints machine-readable output (proto3 JSON field
-names). Exit status: 0 ok, 1 unknown job, 2 bad usage, a bad policy file or etcd unreachable.
+names). Exit status: 0 ok, 1 unknown job (or a job whose spec record is bad: the reason is
+printed), 2 bad usage, a bad policy file, bad input or etcd unreachable, 3 an internal error. Every
+failure is one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import sys
 import time
@@ -31,7 +34,7 @@ from google.protobuf import json_format
 
 from recoverd.errors import ConfigError, RecoverdError
 from recoverd.jobview import JobView, idle_spares, read_job
-from recoverd.keys import DEFAULT_PREFIX, Keyspace, RunRef
+from recoverd.keys import DEFAULT_PREFIX, Keyspace, RunRef, printable
 from recoverd.policy import JobPolicy, load_policy, policy_dict
 from recoverd.records import decode, encode, pb, ts_to_s
 from recoverd.store import Compare, ModRevisionAtMost, Put, Store, ValueIs
@@ -59,6 +62,8 @@ def _enum(enum: Any, value: int, prefix: str) -> str:
 
 async def _view(store: Store, keys: Keyspace, job: str) -> JobView:
     view = await read_job(store, keys, job)
+    if view.spec_error:
+        raise UnknownJob(f"job {job!r} is stored but its spec record is bad: {printable(view.spec_error)}")
     if view.spec is None or view.run is None:
         raise UnknownJob(f"no job named {job!r} under {keys.prefix}")
     return view
@@ -328,6 +333,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    # One line per failure: library warnings (a known-bad etcd release, which the services log)
+    # would bury the answer; errors still show, as "recoverctl: ..." lines.
+    logging.basicConfig(level=logging.ERROR, format="recoverctl: %(message)s")
     if not args.etcd:
         print("recoverctl: error: no etcd endpoint (--etcd or RECOVERD_ETCD)", file=sys.stderr)
         sys.exit(2)
@@ -339,8 +347,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"recoverctl: {err.detail}", file=sys.stderr)
         code = 1
     except RecoverdError as err:
-        print(f"recoverctl: error: {err}", file=sys.stderr)
+        print(f"recoverctl: error: {printable(str(err))}", file=sys.stderr)
         code = 2
+    except KeyboardInterrupt:
+        code = 130
+    except Exception as err:  # an operator tool during an incident: one line, never a traceback
+        print(f"recoverctl: internal error: {printable(repr(err))[:500]}", file=sys.stderr)
+        code = 3
     sys.exit(code)
 
 

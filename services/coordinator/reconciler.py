@@ -12,6 +12,12 @@ record, the effects and the events as ONE transaction that also compares
 If the compare fails the pass is dropped and re-run from a fresh read; it is never patched. A
 missed watch event costs nothing: after a resync every job is enqueued once, and phase deadlines
 are timers that enqueue the job.
+
+A pass never exceeds etcd's limits (docs/adr/0019): it consumes at most a bounded number of keys
+(faults, bad keys, stale reports) and requeues the job for the rest; the fenced transaction holds
+the recovery record and the consumed keys; commands beyond the 128-operation budget follow in
+transactions fenced by the leader key and the recovery record's revision, and events (outside
+``jobs/``) follow in chunks fenced by the leader key.
 """
 
 from __future__ import annotations
@@ -56,9 +62,11 @@ from recoverd.coordinator.recovery import (
 )
 from recoverd.errors import FenceLost, Reason, RecoverdError, UnknownRank
 from recoverd.jobview import JobView, idle_spares, read_job
-from recoverd.keys import Keyspace, RunRef
+from recoverd.keys import KeyKind, Keyspace, RunRef, printable
 from recoverd.records import encode, pb, ts_from_s, ts_to_s
 from recoverd.store import (
+    MAX_REQUEST_BYTES,
+    MAX_TXN_OPS,
     Compare,
     Delete,
     DeletePrefix,
@@ -68,6 +76,7 @@ from recoverd.store import (
     Resync,
     Store,
     ValueIs,
+    op_size,
 )
 
 __all__ = [
@@ -98,6 +107,12 @@ class CoordinatorSettings:
     history_cap: int = 100
     #: Signals kept per run (subscribers read them by watch; old ones are only for inspection).
     signal_cap: int = 64
+    #: Keys one pass consumes at most, per kind; the rest wait for the next pass (requeued at
+    #: once). Together they keep a pass's fenced transaction under etcd's 128 operations.
+    faults_per_pass: int = 64
+    bad_keys_per_pass: int = 24
+    stale_reports_per_pass: int = 16
+    cleanups_per_pass: int = 8
 
 
 def job_timeouts(policy: pb.Policy, default: Timeouts) -> Timeouts:
@@ -177,6 +192,7 @@ class Coordinator:
         self.identity = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self.is_leader = asyncio.Event()
         self._leader_value = b""
+        self._warned: dict[str, int] = {}
         self._jobs = JobController(store, keys, self.reconcile, name="coordinator", fatal=(FenceLost,))
 
     # ---------------------------------------------------------------- leadership
@@ -267,21 +283,36 @@ class Coordinator:
         view = await read_job(self.store, self.keys, job)
         now = time.time()
         if view.spec is None or view.run is None:
+            if view.spec_error:
+                self._warn_once(view.bad[0].key, view.bad[0].mod_revision, f"job {job}: {view.spec_error}")
             return
         run = view.run
         ops: list[Op] = []
         ev: list[Put] = []
+        limits = self.settings
+        more = False  # keys left for the next pass (each kind is consumed at a bounded rate)
 
         def note(reason: str, message: str, **kw: object) -> None:
             ev.append(events.event_put(self.keys, run, SOURCE, reason, message, at=now, **kw))  # type: ignore[arg-type]
 
-        for key, raw, why in view.bad:
-            note(Reason.BAD_RECORD, why, data={"key": key, "value": raw[:512].decode(errors="replace")})
-            if key != self.keys.job_spec(job):
-                ops.append(Delete(key))
-        for uid in view.other_runs:
+        removed = 0
+        for bad in view.bad:
+            data = {"key": printable(bad.key), "value": printable(bad.value[:512].decode(errors="replace"))}
+            if bad.is_live_record:
+                # Another service's leased record: it stays (its owner rewrites it); recorded once.
+                if self._warn_once(bad.key, bad.mod_revision, f"job {job}: {bad.reason}"):
+                    note(Reason.BAD_RECORD, f"{bad.reason} (leased: kept for its owner to rewrite)", data=data)
+                continue
+            if removed >= limits.bad_keys_per_pass:
+                more = True
+                continue
+            removed += 1
+            note(Reason.BAD_RECORD, bad.reason, data=data)
+            ops.append(Delete(bad.key))
+        for uid in sorted(view.other_runs)[: limits.cleanups_per_pass]:
             # Leftovers of an earlier run of this name: never read as ours, removed.
             ops.append(DeletePrefix(self.keys.run_prefix(RunRef(job, uid))))
+        more = more or len(view.other_runs) > limits.cleanups_per_pass
 
         if view.status is not None and view.status.state in (pb.JOB_SUCCEEDED, pb.JOB_FAILED):
             finished = ts_to_s(view.status.finished_at)
@@ -305,6 +336,21 @@ class Coordinator:
 
         rec = recovery_from_pb(view.recovery) if view.recovery is not None else Recovery()
         uuid = view.recovery.uuid if view.recovery is not None else ""
+        floor = view.epoch_floor()
+        rebuilt = view.recovery is None and floor > 0
+        if rebuilt:
+            # The recovery record is gone or was bad, but epochs were used: rebuild it above every
+            # epoch any record names, so no epoch repeats (docs/adr/0021).
+            clobbered = any(b.kind is KeyKind.RECOVERY for b in view.bad)
+            seq = max((c.seq for c in view.commands.values()), default=0)
+            rec = Recovery(epoch=floor, recovery_id=floor, command_seq=seq)
+            uuid = f"{time.time_ns():X}-{secrets.token_hex(8)}"
+            note(
+                "recovery_rebuilt",
+                f"the recovery record was {'bad' if clobbered else 'missing'}; rebuilt at epoch {floor}"
+                " (the highest epoch that the run's other records name)",
+                epoch=floor,
+            )
         before = rec
         effects: list[Effect] = []
         timeouts = job_timeouts(view.spec.policy, self.settings.timeouts)
@@ -322,8 +368,11 @@ class Coordinator:
         world = view.spec.world_size
         generations = {r.rank: r.generation for nr in view.ranks.values() for r in nr.ranks}
 
-        # 1. Faults: validated, then merged (the keys are consumed either way).
-        for key, fault in sorted(view.faults.items(), key=lambda item: ts_to_s(item[1].detected_at)):
+        # 1. Faults: validated, then merged (the keys are consumed either way), a bounded number
+        #    per pass, oldest first; the rest are merged by the next pass (the fault window holds).
+        faults = sorted(view.faults.items(), key=lambda item: (ts_to_s(item[1].detected_at), item[0]))
+        more = more or len(faults) > limits.faults_per_pass
+        for key, fault in faults[: limits.faults_per_pass]:
             ops.append(Delete(key))
             if not 0 <= fault.rank < world:
                 err = UnknownRank(f"fault {fault.fault_id} names rank {fault.rank}; the job has ranks 0..{world - 1}")
@@ -356,8 +405,16 @@ class Coordinator:
             Phase.GLOBAL_FAULT: pb.REPORT_STRATEGIES,
             Phase.RECOVERING: pb.REPORT_RECOVER_STATUS,
         }
+        epoch_changed = rec.epoch != before.epoch
+        stale = 0
         for key, report in sorted(view.reports.items()):
+            if epoch_changed and report.epoch == before.epoch:
+                continue  # answers to the epoch this pass closed: expected, removed with the prefix below
             if report.epoch != rec.epoch:
+                if stale >= limits.stale_reports_per_pass:
+                    more = True
+                    continue
+                stale += 1
                 note(
                     Reason.STALE_EPOCH,
                     f"report {pb.ReportKind.Name(report.kind)} from {report.participant} for epoch {report.epoch};"
@@ -382,9 +439,10 @@ class Coordinator:
         # 4. The selector's decision.
         nodes = job_nodes(view)
         layout = job_layout(view)
-        for node, table in view.ranks.items():
-            if node not in view.nodes and not table.ranks:
-                ops.append(Delete(self.keys.ranks(run, node)))  # a dead agent that held nothing
+        empty = [node for node, table in sorted(view.ranks.items()) if node not in view.nodes and not table.ranks]
+        for node in empty[: limits.cleanups_per_pass]:
+            ops.append(Delete(self.keys.ranks(run, node)))  # a dead agent that held nothing
+        more = more or len(empty) > limits.cleanups_per_pass
         if rec.phase is Phase.DECIDING and rec.epoch in view.decisions:
             decision = view.decisions[rec.epoch]
             moves = tuple((m.from_node, m.to_node) for m in decision.moves)
@@ -411,13 +469,15 @@ class Coordinator:
             uuid = f"{time.time_ns():X}-{secrets.token_hex(8)}"
             # Answers to an older epoch are consumed now, so a late one is recognisably stale.
             ops.append(DeletePrefix(self.keys.reports_prefix(run)))
-        if rec != before:
+        if rec != before or rebuilt:
             ops.append(Put(self.keys.recovery(run), encode(recovery_to_pb(rec, uuid))))
             if rec.phase is not before.phase:
                 note("phase", f"{before.phase} -> {rec.phase}", epoch=rec.epoch, phase=rec.phase.value)
         ops.extend(self._apply_effects(view, run, rec, uuid, effects, now, note))
         if ops or ev:
             await self._commit(view, ops, ev)
+        if more:
+            self._jobs.queue.add(job)
         if rec.deadline_at is not None:
             self._jobs.queue.add_after(job, rec.deadline_at - now)
         if rec.phase in (Phase.DONE, Phase.FAILED) and before.phase is not rec.phase:
@@ -441,7 +501,7 @@ class Coordinator:
         note,  # type: ignore[no-untyped-def]
     ) -> list[Op]:
         ops: list[Op] = []
-        signal_seq = len(view.signals) and int(view.signals[-1].rsplit("/", 1)[1])
+        signal_seq = view.last_signal_seq
         history = pb.History()
         if view.history is not None:
             history.CopyFrom(view.history)
@@ -506,7 +566,7 @@ class Coordinator:
         if history_changed:
             del history.outcomes[: max(0, len(history.outcomes) - self.settings.history_cap)]
             ops.append(Put(self.keys.history(run), encode(history)))
-        excess = len(view.signals) - self.settings.signal_cap
+        excess = min(len(view.signals) - self.settings.signal_cap, self.settings.cleanups_per_pass)
         for key in view.signals[: max(0, excess)]:
             ops.append(Delete(key))
         return ops
@@ -530,12 +590,85 @@ class Coordinator:
                     continue
                 deleted.add(op.key)
             kept.append(op)
-        ops = kept
-        result = await self.store.txn(fence, [*ops, *ev])
-        if result.succeeded:
+        run = RunRef(view.spec.name, view.spec.uid)
+        own = frozenset({self.keys.recovery(run), self.keys.status(run), self.keys.history(run)})
+        head, tail = _split_ops(kept, budget=MAX_TXN_OPS, bytes_budget=MAX_REQUEST_BYTES, first=own)
+        if not tail and len(head) + len(ev) <= MAX_TXN_OPS and _size([*head, *ev]) <= MAX_REQUEST_BYTES:
+            head, ev = [*head, *ev], []  # the usual case: events commit with the change they describe
+        result = await self.store.txn(fence, head)
+        if not result.succeeded:
+            await self._check_fence()
+            # The job changed under us: drop this pass and run it again on a fresh read.
+            self._jobs.queue.add(view.spec.name)
             return
+        # What did not fit: the rest of this pass's puts, fenced by the leader key and by the
+        # recovery record still being the one just written (a later pass owns it otherwise).
+        follow: list[Compare] = [
+            ValueIs(self.keys.leader(), self._leader_value),
+            ModRevisionAtMost(self.keys.recovery(run), result.revision),
+        ]
+        for chunk in _chunks(tail, MAX_TXN_OPS, MAX_REQUEST_BYTES):
+            if not (await self.store.txn(follow, chunk)).succeeded:
+                await self._check_fence()
+                self._jobs.queue.add(view.spec.name)
+                return
+        # Events live outside jobs/: only the leader key fences them.
+        for chunk in _chunks(ev, MAX_TXN_OPS, MAX_REQUEST_BYTES):
+            if not (await self.store.txn(fence[:1], chunk)).succeeded:
+                await self._check_fence()
+
+    async def _check_fence(self) -> None:
+        """Raise FenceLost unless this coordinator still holds the leader key."""
         current = await self.store.get(self.keys.leader())
         if current is None or current.value != self._leader_value:
             raise FenceLost("a write was rejected: this coordinator no longer holds the leader key")
-        # The job changed under us: drop this pass and run it again on a fresh read.
-        self._jobs.queue.add(view.spec.name)
+
+    def _warn_once(self, key: str, mod_revision: int, message: str) -> bool:
+        """Log a bad key that is kept (not removed) once per value; True the first time."""
+        if self._warned.get(key) == mod_revision:
+            return False
+        if len(self._warned) > 10_000:
+            self._warned.clear()
+        self._warned[key] = mod_revision
+        log.warning("%s", printable(message))
+        return True
+
+
+def _size(ops: list[Op] | list[Put]) -> int:
+    return sum(op_size(op) for op in ops)
+
+
+def _split_ops(
+    ops: list[Op], *, budget: int, bytes_budget: int, first: frozenset[str] = frozenset()
+) -> tuple[list[Op], list[Op]]:
+    """The ops of the fenced transaction (within both budgets) and the rest.
+
+    In priority order: puts of the keys in ``first`` (the coordinator's own records), then deletes
+    (the keys the pass consumed, so they are consumed exactly once, with the read), then the other
+    puts (commands, signals), which may follow in later transactions.
+    """
+
+    def priority(op: Op) -> int:
+        if isinstance(op, Put):
+            return 0 if op.key in first else 2
+        return 1
+
+    ordered = sorted(ops, key=priority)  # stable: the pass's own order within a priority
+    head: list[Op] = []
+    size = 0
+    for i, op in enumerate(ordered):
+        grown = size + op_size(op)
+        if len(head) >= budget or (head and grown > bytes_budget):
+            return head, ordered[i:]
+        head.append(op)
+        size = grown
+    return head, []
+
+
+def _chunks(ops: list[Op] | list[Put], budget: int, bytes_budget: int) -> list[list[Op]]:
+    out: list[list[Op]] = []
+    rest: list[Op] = list(ops)
+    while rest:
+        head, rest = _split_ops(rest, budget=budget, bytes_budget=bytes_budget)
+        out.append(head)
+    return out

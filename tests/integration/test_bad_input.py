@@ -9,6 +9,7 @@ exit codes say afterwards.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -17,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -410,3 +412,87 @@ def test_run_without_a_command_and_without_etcd_exits_2_and_leaves_nothing(tmp_p
     assert "no command to run: put it after --" in proc.stderr
     assert "Traceback" not in proc.stderr
     # The leak check (conftest) fails the test if the embedded etcd outlived the command.
+
+
+# ---------------------------------------------------------------------------- untrusted input (issue 10)
+
+
+def test_hostile_keys_and_values_crash_no_service_and_a_real_fault_is_still_recovered(cluster: Cluster) -> None:
+    """Undecodable key bytes, a signal key that is no number, JSON garbage in faults and nodes, a
+    clobbered (but still leased) node record and a clobbered recovery record, all at once, with a
+    standby coordinator waiting: every service lives, no rank is touched, the epoch never repeats."""
+    run, before = _start(cluster)
+    cluster.coordinator("coordinator-standby")
+    first = _recover_rank(cluster, JOB, before, 2)  # epoch 1 happened: it must never be reused
+    epoch = cluster.view(JOB).recovery.epoch  # type: ignore[union-attr]
+    node_key = cluster.keys.node(run, "node0")
+
+    async def clobber_node(store: Store) -> None:
+        kv = await store.get(node_key)
+        assert kv is not None and kv.lease
+        await store.put(node_key, b"[]", lease=kv.lease)  # garbage, still on the agent's lease
+
+    undecodable = cluster.keys.faults_prefix(run) + b"x\xff".decode("utf-8", "surrogateescape")
+    garbage = {
+        undecodable: b"{}",
+        cluster.keys.signals_prefix(run) + "zzz": b"{}",
+        cluster.keys.fault(run, "x"): b"{}",
+        cluster.keys.fault(run, "y"): b"[]",
+        cluster.keys.fault(run, "z"): b'{"only": "unknown fields"}',
+        cluster.keys.node(run, "ghost"): b"[]",
+        cluster.keys.recovery(run): b"{}",
+    }
+    for key, value in garbage.items():
+        cluster.put(key, value)
+    cluster._run(clobber_node)
+
+    bad = cluster.wait_for(
+        "a bad_record event for every garbage key",
+        lambda: (
+            (b := _events(cluster, JOB, "bad_record"))
+            and {*(k.replace("\udcff", "\\udcff") for k in garbage), node_key} <= {e.data["key"] for e in b}
+            and b
+        ),
+    )
+    assert len(bad) >= len(garbage) + 1
+    cluster.wait_for(
+        "the removable keys removed",
+        lambda: all(cluster.get(k) is None for k in garbage if k != cluster.keys.recovery(run)),
+    )
+    assert cluster.get(node_key) == b"[]"  # the agent's leased record is its own to rewrite
+    rebuilt = cluster.wait_for(
+        "the recovery rebuilt", lambda: (r := cluster.view(JOB).recovery) and r.epoch >= epoch and r
+    )
+    assert rebuilt.phase == pb.PHASE_DONE
+    _assert_untouched(cluster, JOB, first)
+    for name in ("coordinator", "coordinator-standby", "strategy", "agent-node0"):
+        assert cluster.procs[name].poll() is None, f"{name} exited\n{cluster.logs()}"
+
+    # A real SIGKILL is still recovered in place, in a new epoch.
+    after = _recover_rank(cluster, JOB, first, 1)
+    assert all(after[r].pid == first[r].pid for r in (0, 2, 3))
+    recovery = cluster.view(JOB).recovery
+    assert recovery is not None and recovery.epoch > epoch and recovery.strategy == "recover-in-place"
+
+
+def test_recoverctl_reports_a_job_with_a_bad_spec_in_one_line(etcd_endpoint: str, key_prefix: str) -> None:
+    async def write(store: Store) -> None:
+        await store.put(f"{key_prefix}/jobs/broken/spec", b'{"name": 7}')
+
+    asyncio.run(_with_store(etcd_endpoint, write))
+    proc = _cli("recoverd.cli.ctl", ["--etcd", etcd_endpoint, "--prefix", key_prefix, "status", "broken"])
+    assert proc.returncode == 1, proc.stderr
+    assert "job 'broken' is stored but its spec record is bad" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_recoverctl_with_etcd_down_fails_in_one_line() -> None:
+    proc = _cli("recoverd.cli.ctl", ["--etcd", "127.0.0.1:9", "--timeout", "1", "status", "job"])
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("recoverctl: error: etcd_unavailable")
+    assert "Traceback" not in proc.stderr
+
+
+async def _with_store(endpoint: str, fn: Callable[[Store], Any]) -> Any:
+    async with Store(endpoint) as store:
+        return await fn(store)

@@ -84,6 +84,7 @@ from recoverd.records import decode, encode, pb, ts_from_s
 from recoverd.resetjson import ResetState
 from recoverd.store import Put, Store
 from recoverd.strategies import AGENT_STRATEGIES
+from recoverd.validate import report_kind_name
 
 __all__ = [
     "EXIT_FAILED",
@@ -143,7 +144,7 @@ class NodeAgent:
         self._warm: WarmSpares | None = None
         self._wake = asyncio.Event()
         self._last_applied: tuple[int, int] = (0, 0)
-        self._answered: set[tuple[int, int]] = set()
+        self._answered: set[tuple[int, str, int]] = set()
         self._exit_code: asyncio.Future[int] | None = None
         self._mirrored: ResetState | None = None
         #: epoch -> why this node could not carry out that epoch's command (reported as code 1).
@@ -153,6 +154,8 @@ class NodeAgent:
         self._superseded = False
         #: This node's key changed: make sure it still holds this agent's record.
         self._check_registration = False
+        #: The job's spec changed: a clobbered one is written again from this agent's copy.
+        self._check_spec = False
         #: Commands recorded as forged (epoch ahead of the recovery's), so each is noted once.
         self._ignored_commands: set[tuple[int, int]] = set()
         resetfile.check_paths(settings.reset_json, settings.reset_json_mirror)
@@ -528,6 +531,7 @@ class NodeAgent:
             self.keys.status(run),
             self.keys.command(run, self.settings.node),
             self.keys.node(run, self.settings.node),
+            self.keys.job_spec(self.settings.job),
         )
         delay = self.settings.retry_s
         while True:
@@ -544,9 +548,12 @@ class NodeAgent:
 
     async def _wake_on(self, key: str, start: int) -> None:
         is_node_key = key == self.keys.node(self.membership.run, self.settings.node)  # type: ignore[arg-type]
+        is_spec_key = key == self.keys.job_spec(self.settings.job)
         async for _ in self.store.watch_key(key, start):
             if is_node_key:
                 self._check_registration = True
+            if is_spec_key:
+                self._check_spec = True
             self._wake.set()
 
     async def _worker(self) -> None:
@@ -592,6 +599,9 @@ class NodeAgent:
         if self._check_registration:
             self._check_registration = False
             await self._keep_registration()
+        if self._check_spec:
+            self._check_spec = False
+            await self.membership.repair_spec()
         recovery = await self._get(self.keys.recovery(run), pb.Recovery)
         found = await self._get(self.keys.command(run, self.settings.node), pb.Command)
         command = found if isinstance(found, pb.Command) and self._is_current(found, recovery) else None
@@ -605,13 +615,19 @@ class NodeAgent:
             await self._answer(recovery, command if isinstance(command, pb.Command) else None)
 
     def _is_current(self, command: pb.Command, recovery: object) -> bool:
-        """A command is only the coordinator's if the recovery record it belongs to says so: the
-        coordinator writes both in one transaction, so a command from a later epoch than the
-        recovery's (or with no recovery at all) was written by someone else. Recorded once and
-        ignored: applying it would make this agent ignore every real command after it."""
+        """A command is carried out only while the recovery record it belongs to awaits it: the
+        coordinator writes both in one transaction (phase RECOVERING, the command's epoch, this node
+        among ``command_nodes``). An older command is obsolete; one from a later epoch than the
+        recovery's was written by someone else: recorded once and ignored (applying it would also
+        make this agent ignore every real command after it)."""
         epoch = recovery.epoch if isinstance(recovery, pb.Recovery) else 0
         if command.epoch <= epoch:
-            return True
+            return (
+                isinstance(recovery, pb.Recovery)
+                and recovery.phase == pb.PHASE_RECOVERING
+                and command.epoch == recovery.epoch
+                and self.settings.node in recovery.command_nodes
+            )
         forged = (command.epoch, command.seq)
         if forged not in self._ignored_commands:
             self._ignored_commands.add(forged)
@@ -790,10 +806,9 @@ class NodeAgent:
         run = self.membership.run
         assert run is not None
         commanded = recovery.phase == pb.PHASE_RECOVERING and self.settings.node in recovery.command_nodes
-        if (self.participant not in recovery.participants and not commanded) or (
-            recovery.epoch,
-            recovery.phase,
-        ) in self._answered:
+        # Keyed by the recovery's uuid too: a rebuilt recovery record may repeat an epoch.
+        answer = (recovery.epoch, recovery.uuid, recovery.phase)
+        if (self.participant not in recovery.participants and not commanded) or answer in self._answered:
             return
         report = pb.Report(
             participant=self.participant,
@@ -824,6 +839,6 @@ class NodeAgent:
             report.message = "" if report.code == 0 else problem or f"ranks {failed} failed to restart"
         else:
             return
-        kind = pb.ReportKind.Name(report.kind).removeprefix("REPORT_").lower()
+        kind = report_kind_name(report.kind)
         await self._fenced_put(self.keys.report(run, self.participant, kind), encode(report))
-        self._answered.add((recovery.epoch, recovery.phase))
+        self._answered.add(answer)

@@ -32,6 +32,7 @@ from recoverd.jobview import JobView, read_job
 from recoverd.keys import Keyspace, RunRef
 from recoverd.records import decode, encode, pb, ts_from_s, ts_to_s
 from recoverd.store import Absent, Compare, DeletePrefix, LeaseKeeper, ModRevisionAtMost, Op, Put, Store, ValueIs
+from recoverd.validate import check_spec
 
 __all__ = ["Membership"]
 
@@ -137,9 +138,20 @@ class Membership:
         lease_id = self.lease.id
         job = self.settings.job
         node = self.settings.node
+        spec_wait_until = time.monotonic() + 2 * self.settings.lease_ttl_s
         while True:
             view = await read_job(self.store, self.keys, job)
             spec = view.spec
+            if spec is None and view.spec_error:
+                # Never replace a run because its spec was clobbered: its live agents write it
+                # again (repair_spec); if none does, an operator must look.
+                if time.monotonic() < spec_wait_until:
+                    await asyncio.sleep(0.2)
+                    continue
+                raise JobSpecMismatch(
+                    f"job {job}'s spec is unreadable ({view.spec_error}) and no running agent repaired it;"
+                    f" inspect it with etcdctl get {self.keys.job_spec(job)}"
+                )
             ops: list[Op] = []
             if spec is not None and view.run is not None:
                 finished = view.status is not None and view.status.state in (pb.JOB_SUCCEEDED, pb.JOB_FAILED)
@@ -284,6 +296,25 @@ class Membership:
             view.nodes[node].agent_pid,
         )
         return True
+
+    async def repair_spec(self) -> None:
+        """The job's spec is the run's identity: if someone overwrote it with something that is no
+        spec (or deleted it) while this run lives, write this agent's copy back, fenced on exactly
+        what was read. A valid spec of another run means the job was replaced: nothing to repair."""
+        assert self.spec is not None
+        key = self.keys.job_spec(self.settings.job)
+        kv = await self.store.get(key)
+        if kv is not None:
+            try:
+                check_spec(decode(pb.JobSpec, kv.value, key), self.settings.job)
+                return
+            except BadRecord as err:
+                why = err.detail
+        else:
+            why = "it was deleted"
+        compare: list[Compare] = [Absent(key)] if kv is None else [ValueIs(key, kv.value)]
+        if (await self.store.txn([*compare, *self.fence()], [Put(key, encode(self.spec))])).succeeded:
+            log.warning("agent %s: the job's spec was unusable (%s); wrote it again", self.settings.node, why)
 
     def _ranks_still_run_here(self, view: JobView) -> bool:
         """Whether a rank this node ran in ``view``'s run is still alive here (same PID, same start

@@ -1,6 +1,6 @@
 """etcd's limits at the sizes users run: a 64-node job recovers fault after fault.
 
-64 simulated nodes × 8 ranks (the real agent code, one etcd connection and lease each, over
+64 simulated nodes x 8 ranks (the real agent code, one etcd connection and lease each, over
 in-memory ranks: simnodes.py) against the real etcd, coordinator and strategy selector. Before the
 transaction budget, the *second* fault of a 64-node job was never recovered: the epoch change made
 the coordinator's transaction exceed etcd's 128 operations, and it retried that forever.

@@ -113,6 +113,9 @@ class CoordinatorSettings:
     bad_keys_per_pass: int = 24
     stale_reports_per_pass: int = 16
     cleanups_per_pass: int = 8
+    #: How long a node record overwritten without its lease (its rank table still there) counts as
+    #: its live node, for its agent to write it again, before it is removed.
+    clobbered_node_grace_s: float = 10.0
 
 
 def job_timeouts(policy: pb.Policy, default: Timeouts) -> Timeouts:
@@ -193,6 +196,8 @@ class Coordinator:
         self.is_leader = asyncio.Event()
         self._leader_value = b""
         self._warned: dict[str, int] = {}
+        #: (key, mod revision) of a node record clobbered without its lease -> when first seen.
+        self._clobbered_since: dict[tuple[str, int], float] = {}
         self._jobs = JobController(store, keys, self.reconcile, name="coordinator", fatal=(FenceLost,))
 
     # ---------------------------------------------------------------- leadership
@@ -303,6 +308,19 @@ class Coordinator:
                 if self._warn_once(bad.key, bad.mod_revision, f"job {job}: {bad.reason}"):
                     note(Reason.BAD_RECORD, f"{bad.reason} (leased: kept for its owner to rewrite)", data=data)
                 continue
+            if bad.key in view.clobbered_nodes:
+                # A node's record overwritten without its lease: its agent rewrites it at once; only
+                # if none does within the grace is it removed (and the node then counts as lost).
+                if len(self._clobbered_since) > 10_000:
+                    self._clobbered_since.clear()
+                first = self._clobbered_since.setdefault((bad.key, bad.mod_revision), now)
+                left = first + self.settings.clobbered_node_grace_s - now
+                if left > 0:
+                    if self._warn_once(bad.key, bad.mod_revision, f"job {job}: {bad.reason}"):
+                        note(Reason.BAD_RECORD, f"{bad.reason} (its agent has {left:.0f}s to rewrite it)", data=data)
+                    self._jobs.queue.add_after(job, left)
+                    continue
+                self._clobbered_since.pop((bad.key, bad.mod_revision), None)
             if removed >= limits.bad_keys_per_pass:
                 more = True
                 continue

@@ -602,8 +602,10 @@ class NodeAgent:
         if self._check_spec:
             self._check_spec = False
             await self.membership.repair_spec()
-        recovery = await self._get(self.keys.recovery(run), pb.Recovery)
+        # The command first: the coordinator writes it with its recovery record in one transaction,
+        # so the recovery read after it is at least as new (never "a command ahead of its recovery").
         found = await self._get(self.keys.command(run, self.settings.node), pb.Command)
+        recovery = await self._get(self.keys.recovery(run), pb.Recovery)
         command = found if isinstance(found, pb.Command) and self._is_current(found, recovery) else None
         if command is not None and (command.epoch, command.seq) > self._last_applied:
             await self._execute(command)

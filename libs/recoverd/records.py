@@ -63,7 +63,6 @@ def decode(cls: type[M], raw: bytes | str, key: str = "") -> M:
     return message
 
 
-
 def wall_now() -> float:
     """Wall-clock seconds since the epoch: only for instants stored in etcd (deadlines, stamps)."""
     return time.time()

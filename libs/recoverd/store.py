@@ -95,6 +95,7 @@ def _text(key: bytes) -> str:
     """A key from etcd as a string; bytes that are not UTF-8 become lone surrogates (never an error)."""
     return key.decode("utf-8", errors="surrogateescape")
 
+
 _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     aetcd_errors.ConnectionFailedError,
     aetcd_errors.ConnectionTimeoutError,

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from recoverd.records import pb
+from recoverd.records import pb, ts_to_s
 
 from .cluster import Cluster
 from .simnodes import SimNodes
@@ -34,6 +34,7 @@ def test_a_64_node_job_recovers_ten_faults_in_a_row(cluster: Cluster, sim64: Sim
     cluster.strategy()
     sim64.start()
     ranks = cluster.wait_running("job-64", 512, timeout=90)
+    seconds: list[float] = []
     for trial, rank in enumerate((5, 100, 511, 0, 260, 37, 480, 9, 300, 77), start=1):
         old = ranks[rank].pid
         sim64.crash(rank)
@@ -52,4 +53,7 @@ def test_a_64_node_job_recovers_ten_faults_in_a_row(cluster: Cluster, sim64: Sim
         view = cluster.view("job-64")
         assert view.recovery is not None and view.recovery.strategy == "recover-in-place"
         assert [f.rank for f in view.recovery.faults] == [rank]
+        done = [e for e in view.recovery.phase_log if e.phase == pb.PHASE_DONE][-1]
+        seconds.append(ts_to_s(done.at) - ts_to_s(view.recovery.faults[0].detected_at))
     assert view.recovery.epoch == 10
+    print(f"64x8 fault -> DONE, s: {' '.join(f'{s:.2f}' for s in seconds)}")

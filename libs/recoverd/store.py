@@ -397,6 +397,8 @@ class Store:
         if client is not None:
             with contextlib.suppress(Exception):
                 await _bounded(client.close(), limit_s=1.0)
+        # aetcd's close swallows a CancelledError that arrives while it waits for its watch stream.
+        _propagate_cancellation()
 
     async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         client = await self._get_client()
@@ -619,6 +621,10 @@ class Store:
                     client.watch(key, range_end=None if exact else _prefix_end(key), start_revision=next_rev),
                     limit_s=self.op_timeout_s,
                 )
+                # aetcd waits for the watch to be created with asyncio.wait_for, which on 3.11 can
+                # swallow a cancellation that races with the answer (ADR 0008): the task would then
+                # wait on this watch forever. A swallowed cancel still counts in cancelling().
+                _propagate_cancellation()
                 delay = self.watch_retry_s
                 if resync is not None:
                     reason, resync = resync, None

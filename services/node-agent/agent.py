@@ -606,6 +606,8 @@ class NodeAgent:
         # so the recovery read after it is at least as new (never "a command ahead of its recovery").
         found = await self._get(self.keys.command(run, self.settings.node), pb.Command)
         recovery = await self._get(self.keys.recovery(run), pb.Recovery)
+        if isinstance(recovery, pb.Recovery) and (recovery.epoch <= 0 or not recovery.uuid):
+            recovery = None  # parses, but no recovery the coordinator wrote (e.g. `{}`): it rebuilds it
         command = found if isinstance(found, pb.Command) and self._is_current(found, recovery) else None
         if command is not None and (command.epoch, command.seq) > self._last_applied:
             await self._execute(command)
@@ -622,11 +624,12 @@ class NodeAgent:
         among ``command_nodes``). An older command is obsolete; one from a later epoch than the
         recovery's was written by someone else: recorded once and ignored (applying it would also
         make this agent ignore every real command after it)."""
-        epoch = recovery.epoch if isinstance(recovery, pb.Recovery) else 0
+        if not isinstance(recovery, pb.Recovery):
+            return False  # nothing to check it against (none yet, or clobbered): wait for the coordinator
+        epoch = recovery.epoch
         if command.epoch <= epoch:
             return (
-                isinstance(recovery, pb.Recovery)
-                and recovery.phase == pb.PHASE_RECOVERING
+                recovery.phase == pb.PHASE_RECOVERING
                 and command.epoch == recovery.epoch
                 and self.settings.node in recovery.command_nodes
             )

@@ -325,12 +325,19 @@ class Trial:
         survivors: dict[int, int],
         min_recovery_id: int = 1,
         timeout: float = 60.0,
+        or_exit: bool = False,
     ) -> pb.Recovery:
         """The recovery is DONE with ``strategy``; every rank runs once; ``restarted`` (rank -> old
         pid) run new processes and ``survivors`` (rank -> pid) the same ones. Records the time from
-        ``fault_at`` (wall clock) to the coordinator's DONE."""
+        ``fault_at`` (wall clock) to the coordinator's DONE.
+
+        ``or_exit``: an escalation to ``exit`` is a success too (then every rank is restarted).
+        """
         rec = self.wait_done(min_recovery_id=min_recovery_id, timeout=timeout)
         done_at = next((ts_to_s(e.at) for e in reversed(rec.phase_log) if e.phase == pb.PHASE_DONE), None)
+        if or_exit and rec.strategy == "exit" and strategy != "exit":
+            self.note("escalated to exit")
+            restarted, survivors, strategy = {**restarted, **survivors}, {}, "exit"
         if rec.strategy != strategy:
             raise TrialFailed(f"recovery {rec.recovery_id} DONE with {rec.strategy!r}, expected {strategy!r}")
         census = self.settle()
@@ -380,6 +387,17 @@ def _reap_orphans(pids: list[int]) -> None:
             time.sleep(0.01)
 
 
+def _dump_stacks(cluster: Cluster) -> None:
+    """SIGUSR1 to every live, unpaused service: each prints its asyncio tasks' stacks to its log,
+    so a failed trial's logs say what a stuck service was waiting for."""
+    alive = [p for n, p in cluster.procs.items() if p.poll() is None and n not in cluster.paused]
+    for proc in alive:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGUSR1)
+    if alive:
+        time.sleep(0.5)  # diagnostics only: give them a moment to write
+
+
 def run_trial(scenario: Scenario, number: int, endpoint: str | None, workdir: Path) -> TrialResult:
     """Run one trial of ``scenario`` and return its verdict; never raises for a failed trial.
 
@@ -401,6 +419,7 @@ def run_trial(scenario: Scenario, number: int, endpoint: str | None, workdir: Pa
             trial.measure()
         first = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
         trial.result.error = f"{type(err).__name__}: {first}"[:400]
+        _dump_stacks(trial.cluster)
         with contextlib.suppress(OSError):
             (workdir / "failure.txt").write_text(f"{traceback.format_exc()}\n{trial.cluster.logs()}")
     finally:

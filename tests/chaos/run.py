@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import statistics
@@ -53,7 +54,8 @@ def summarize(scenario: Scenario, results: list[TrialResult]) -> dict[str, Any]:
     errors: dict[str, int] = {}
     for r in results:
         if r.error:
-            errors[r.error] = errors.get(r.error, 0) + 1
+            key = re.sub(r"\{[^{}]*\}", "{...}", r.error)  # pid maps differ trial by trial
+            errors[key] = errors.get(key, 0) + 1
     return {
         "scenario": scenario.name,
         "summary": scenario.summary,

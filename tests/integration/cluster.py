@@ -198,6 +198,10 @@ class Cluster:
     def put(self, key: str, value: bytes) -> None:
         self._run(lambda store: store.put(key, value))
 
+    def txn(self, ops: Sequence[Any]) -> None:
+        """Commit ``ops`` (store.Put/Delete) in one transaction with no compare: a writer that ignores fencing."""
+        self._run(lambda store: store.txn([], list(ops)))
+
     def get(self, key: str) -> bytes | None:
         async def read(store: Store) -> bytes | None:
             kv = await store.get(key)

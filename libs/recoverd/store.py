@@ -105,8 +105,11 @@ _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     ConnectionError,
     OSError,
 )
+# A CancelledError that this task did not ask for comes from a connection closed under the call.
+_CALL_ERRORS: tuple[type[BaseException], ...] = (*_CONNECTION_ERRORS, asyncio.CancelledError)
 # Spelled out as one typed tuple: mypy rejects ``except (X, *tuple_var)``.
 _WATCH_RETRY_ERRORS: tuple[type[BaseException], ...] = (EtcdUnavailable, *_CONNECTION_ERRORS)
+_WATCH_OR_CANCEL_ERRORS: tuple[type[BaseException], ...] = (*_WATCH_RETRY_ERRORS, asyncio.CancelledError)
 
 
 async def _bounded(awaitable: Awaitable[T], limit_s: float) -> T:
@@ -311,6 +314,8 @@ class Store:
         self.server_version = ""
         self._client: Any = None
         self._version_task: asyncio.Task[None] | None = None
+        #: Dropped connections, closed once the calls still in flight on them had their time.
+        self._retiring: set[asyncio.Task[None]] = set()
         self._state = _State.UNOPENED
 
     @property
@@ -331,6 +336,10 @@ class Store:
         """Close the connection; idempotent."""
         self._state = _State.CLOSED
         self._stop_version_check()
+        for task in list(self._retiring):
+            task.cancel()  # closes its client at once (its finally)
+        if self._retiring:
+            await asyncio.gather(*self._retiring, return_exceptions=True)
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):
@@ -388,35 +397,49 @@ class Store:
                 problem,
             )
 
-    async def _failover(self) -> None:
-        """Drop the current connection and move to the next endpoint."""
+    async def _failover(self, failed: Any = None) -> None:
+        """Drop the connection ``failed`` (the current one when None) and move to the next endpoint.
+
+        Only the connection that failed is dropped: when several tasks saw it fail, the first one
+        replaces it and the others find a new one already there. The dropped client is closed only
+        after ``op_timeout_s``: closing it at once would cancel every other task's call in flight on
+        it (grpc.aio raises CancelledError there, although nobody cancelled those tasks).
+        """
+        client = self._client
+        if client is None or (failed is not None and client is not failed):
+            return
         self._stop_version_check()
-        client, self._client = self._client, None
+        self._client = None
         if len(self.endpoints) > 1:
             self._current = (self._current + 1) % len(self.endpoints)
-        if client is not None:
+        task = asyncio.get_running_loop().create_task(self._close_later(client), name="etcd-retire")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _close_later(self, client: Any) -> None:
+        try:
+            await asyncio.sleep(self.op_timeout_s)
+        finally:
             with contextlib.suppress(Exception):
                 await _bounded(client.close(), limit_s=1.0)
-        # aetcd's close swallows a CancelledError that arrives while it waits for its watch stream.
-        _propagate_cancellation()
 
     async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         client = await self._get_client()
         try:
             return await _bounded(getattr(client, name)(*args, **kwargs), limit_s=self.op_timeout_s)
-        except _CONNECTION_ERRORS as err:
-            _propagate_cancellation()
-            await self._failover()
+        except _CALL_ERRORS as err:
+            _propagate_cancellation()  # a cancellation of this task: re-raised; any other: the connection
+            await self._failover(client)
             raise EtcdUnavailable(f"etcd {name} failed at {self.endpoint}: {err!r}") from err
         except aetcd_errors.ClientError as err:
             _propagate_cancellation()
             raise _refusal(name, str(err)) from err
 
-    async def _rpc_error(self, name: str, err: Any) -> EtcdUnavailable | EtcdRefused:
+    async def _rpc_error(self, name: str, err: Any, client: Any) -> EtcdUnavailable | EtcdRefused:
         """Sort a gRPC error: etcd not answering (fail over, retry later) or refusing this request."""
         code = err.code()
         if code in _UNAVAILABLE_CODES:
-            await self._failover()
+            await self._failover(client)
             return EtcdUnavailable(f"etcd {name} failed at {self.endpoint}: {code.name} {err.details()}")
         refusal = _refusal(name, f"{code.name} {err.details()}")
         log.error("etcd refused a %s request: %s", name, refusal.detail)
@@ -488,10 +511,10 @@ class Store:
                     continue
                 if code == aetcd.rpc.StatusCode.OUT_OF_RANGE and "compacted" in (err.details() or ""):
                     raise _Compacted() from err
-                raise await self._rpc_error("range", err) from err
-            except _CONNECTION_ERRORS as err:
+                raise await self._rpc_error("range", err, client) from err
+            except _CALL_ERRORS as err:
                 _propagate_cancellation()
-                await self._failover()
+                await self._failover(client)
                 raise EtcdUnavailable(f"etcd range failed at {self.endpoint}: {err!r}") from err
 
     async def revision(self) -> int:
@@ -566,10 +589,10 @@ class Store:
             )
         except aetcd.rpc.AioRpcError as err:
             _propagate_cancellation()
-            raise await self._rpc_error("txn", err) from err
-        except _CONNECTION_ERRORS as err:
+            raise await self._rpc_error("txn", err, client) from err
+        except _CALL_ERRORS as err:
             _propagate_cancellation()
-            await self._failover()
+            await self._failover(client)
             raise EtcdUnavailable(f"etcd txn failed at {self.endpoint}: {err!r}") from err
         return TxnResult(bool(response.succeeded), int(response.header.revision))
 
@@ -615,6 +638,7 @@ class Store:
         resync: str | None = None  # reason for the Resync owed once the watch is live again
         while True:
             watch = None
+            client = None
             try:
                 client = await self._get_client()
                 watch = await _bounded(
@@ -641,10 +665,10 @@ class Store:
                 log.warning("watch on %s: history compacted below %s; resyncing", prefix, err.compacted_revision)
                 next_rev = err.compacted_revision
                 resync = "compacted"
-            except _WATCH_RETRY_ERRORS as err:
-                _propagate_cancellation()
+            except _WATCH_OR_CANCEL_ERRORS as err:
+                _propagate_cancellation()  # this task's own cancellation; any other: a lost stream
                 log.info("watch on %s lost (%r); retrying in %.2fs", prefix, err, delay)
-                await self._failover()
+                await self._failover(client)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.watch_retry_max_s)
                 resync = resync or "reconnected"  # a pending "compacted" says more; keep it

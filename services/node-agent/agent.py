@@ -149,9 +149,10 @@ class NodeAgent:
         self._mirrored: ResetState | None = None
         #: epoch -> why this node could not carry out that epoch's command (reported as code 1).
         self._failed_commands: dict[int, str] = {}
-        #: Another agent took this node over (this one was presumed dead): its ranks are that
-        #: agent's now, so this one ends without touching them.
-        self._superseded = False
+        #: The ranks are left running on the way out: another agent took this node over (this one
+        #: was presumed dead: they are that agent's now), or this agent's machinery broke (the next
+        #: agent adopts them).
+        self._leaves_ranks = False
         #: This node's key changed: make sure it still holds this agent's record.
         self._check_registration = False
         #: The job's spec changed: a clobbered one is written again from this agent's copy.
@@ -217,6 +218,9 @@ class NodeAgent:
                     ]
                     if self.settings.reset_json:
                         tasks.append(group.create_task(self._watch_reset_json(), name="agent-reset-json"))
+                    for task in tasks:
+                        if task.get_name() != "agent-runtime":  # the process launcher has nothing to watch
+                            task.add_done_callback(self._machinery_ended)
                     code = await self._exit_code
                     await self._finish(code)
                     for task in tasks:
@@ -226,10 +230,26 @@ class NodeAgent:
                     loop.remove_signal_handler(signum)
             return code
         finally:
-            if self._launcher is not None and self._launcher.processes and not self._superseded:
+            if self._launcher is not None and self._launcher.processes and not self._leaves_ranks:
                 await self._stop_ranks(list(self.table))
                 await self._warm.stop(self.settings.stop_grace_s)
             await self.membership.close()
+
+    def _machinery_ended(self, task: asyncio.Task[None]) -> None:
+        """A task that must run for the agent's whole life ended (a bug, or a cancellation nobody
+        asked for): without it the agent would hold its lease and act on nothing. It ends non-zero
+        and leaves the ranks running: the same command started again adopts them (ADR 0023)."""
+        if self._exit_code is None or self._exit_code.done():
+            return  # ending anyway
+        why = "was cancelled" if task.cancelled() else f"failed: {task.exception()!r}" if task.exception() else "ended"
+        log.error(
+            "agent %s: its task %s %s; ending, leaving the ranks running for the next agent to adopt",
+            self.settings.node,
+            task.get_name(),
+            why,
+        )
+        self._leaves_ranks = True  # the ranks are the next agent's: not stopped on the way out
+        self._request_exit(EXIT_FAILED)
 
     def _request_exit(self, code: int) -> None:
         if self._exit_code is not None and not self._exit_code.done():
@@ -238,7 +258,7 @@ class NodeAgent:
 
     async def _finish(self, code: int) -> None:
         """Stop what still runs and flush the final rank states (bounded: etcd may be down)."""
-        if self._superseded:
+        if self._leaves_ranks:
             log.error("agent %s: ending; its ranks are the new agent's and keep running", self.settings.node)
             return
         await self._stop_ranks(self.table.running())
@@ -377,7 +397,7 @@ class NodeAgent:
 
     def _supersede(self, why: str) -> None:
         log.error("agent %s: superseded (%s); ending without touching its ranks", self.settings.node, why)
-        self._superseded = True
+        self._leaves_ranks = True
         self._request_exit(EXIT_REFUSED)
 
     async def _fenced_put(self, key: str, value: bytes) -> None:

@@ -97,27 +97,18 @@ class TrialResult:
 
 @dataclass(frozen=True)
 class Scenario:
-    """A named fault and what must follow it.
-
-    ``depends_on``: a change on another branch this scenario needs to pass; such scenarios run in
-    ``make chaos`` (and show as failures there until that change is merged) but are never part of
-    ``make test``'s subset (scenarios.MAKE_TEST_SUBSET).
-    """
+    """A named fault and what must follow it."""
 
     name: str
     summary: str
     run: Callable[[Trial], None]
     own_etcd: bool = False
-    depends_on: str = ""
     default_trials: int | None = None
 
     @property
     def trials(self) -> int:
-        """``make chaos``'s trials: 10, or 3 while a scenario waits for another branch (its failed
-        trials each wait out their timeouts)."""
-        if self.default_trials is not None:
-            return self.default_trials
-        return 3 if self.depends_on else 10
+        """``make chaos``'s trials: 10 unless the scenario says otherwise."""
+        return self.default_trials if self.default_trials is not None else 10
 
 
 class Trial:
@@ -185,6 +176,7 @@ class Trial:
         strategy: bool = True,
         spare: bool = False,
         timeout: float = 60.0,
+        agent_extra: tuple[str, ...] = (),
     ) -> dict[int, pb.RankStatus]:
         """Coordinator(s), the selector, one agent per node (node0, node1, ...; a spare ``spare0``
         with ``spare``), and wait until every rank runs."""
@@ -194,7 +186,14 @@ class Trial:
             self.cluster.strategy()
         for i in range(nodes):
             self.cluster.agent(
-                self.job, f"node{i}", nproc=nproc, nnodes=nodes, node_rank=i, strategies=strategies, command=command
+                self.job,
+                f"node{i}",
+                nproc=nproc,
+                nnodes=nodes,
+                node_rank=i,
+                strategies=strategies,
+                command=command,
+                extra=agent_extra,
             )
         self.world = nodes * nproc
         ranks = self.cluster.wait_running(self.job, self.world, timeout=timeout)
@@ -370,7 +369,17 @@ class Trial:
                 os.killpg(pid, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        _reap_orphans(pids)
+        # Ranks whose agent was SIGKILLed re-parented to us (a subreaper), where on a node they would
+        # re-parent to init; once their new agent stopped them they are our zombies: reap them.
+        zombies = [p.pid for p in psutil.Process().children() if _is_zombie(p)]
+        _reap_orphans(pids + zombies)
+
+
+def _is_zombie(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _reap_orphans(pids: list[int]) -> None:

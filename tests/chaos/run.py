@@ -10,7 +10,7 @@ Each trial prints one line as it ends. The table (scenario x trials: completed, 
 leftovers, median fault-to-DONE time) is printed and written to ``--out`` (default
 tests/chaos/results/) as results.json and results.md, with the command line, the host, the etcd
 binary and the date. Trial logs go to ``--workdir`` (default a temp dir, kept when a trial fails).
-Exit status: 0 when every trial of every scenario without ``depends_on`` passed, else 1.
+Exit status: 0 when every trial of every scenario passed, else 1.
 """
 
 from __future__ import annotations
@@ -59,7 +59,6 @@ def summarize(scenario: Scenario, results: list[TrialResult]) -> dict[str, Any]:
     return {
         "scenario": scenario.name,
         "summary": scenario.summary,
-        "depends_on": scenario.depends_on,
         "trials": len(results),
         "completed": sum(r.completed for r in results),
         "failed": sum(not r.ok for r in results),
@@ -77,15 +76,14 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"Command: `{meta['command']}`  ",
         f"Host: {meta['host']}, {meta['cpus']} CPUs; {meta['etcd']}; {meta['date']}; {meta['total_s']:.0f} s in all",
         "",
-        "| scenario | trials | completed | failed | duplicates | lost | leftovers | median fault→DONE (s) | needs |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| scenario | trials | completed | failed | duplicates | lost | leftovers | median fault→DONE (s) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         median = f"{row['median_s']:.2f}" if row["median_s"] is not None else "-"
-        needs = row["depends_on"] or "-"
         lines.append(
             f"| {row['scenario']} | {row['trials']} | {row['completed']} | {row['failed']} | {row['duplicates']}"
-            f" | {row['lost']} | {row['leftovers']} | {median} | {needs} |"
+            f" | {row['lost']} | {row['leftovers']} | {median} |"
         )
     failures = [(row["scenario"], err, n) for row in rows for err, n in row["errors"].items()]
     if failures:
@@ -133,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             results += mine
             row = summarize(scenario, mine)
             rows.append(row)
-            failed_required |= bool(row["failed"]) and not scenario.depends_on
+            failed_required |= bool(row["failed"])
     meta = {
         "command": " ".join(
             shlex.quote(a) for a in [os.path.relpath(sys.executable), "-m", "tests.chaos.run", *(argv or sys.argv[1:])]

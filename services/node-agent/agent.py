@@ -853,9 +853,13 @@ class NodeAgent:
             movable = self._launcher.starts_any_rank
             report.strategies.extend(s for s in AGENT_STRATEGIES if movable or s != "recover")
         elif recovery.phase == pb.PHASE_RECOVERING:
+            if commanded and self._last_applied[0] < recovery.epoch:
+                # This node was sent a command in this epoch and has not applied it yet: it may not
+                # even have read it (the recovery record can be read before the command, or the
+                # command comes in a follow-up transaction). Answered after it is applied, never
+                # before: "done" before the restart would close the recovery with the rank dead.
+                return
             mine = command is not None and command.epoch == recovery.epoch
-            if mine and self._last_applied < (command.epoch, command.seq):  # type: ignore[union-attr]
-                return  # the command is not applied yet; answered after it is
             report.kind = pb.REPORT_RECOVER_STATUS
             report.strategy = recovery.strategy
             failed = [s.rank for s in self.table if s.state == pb.RANK_FAILED]

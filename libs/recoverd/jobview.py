@@ -26,7 +26,7 @@ from recoverd.records import decode, pb
 from recoverd.store import Store
 from recoverd.validate import JobFrame, check_record, check_size, check_spec, sequence_of
 
-__all__ = ["BadKey", "JobView", "idle_spares", "node_of_rank", "read_job"]
+__all__ = ["RECORD_CLASSES", "BadKey", "JobView", "idle_spares", "node_of_rank", "ranks_running_elsewhere", "read_job"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +93,8 @@ class JobView:
         return max(epochs)
 
 
-_DECODERS: dict[KeyKind, type] = {
+#: The record class each kind of run key holds (the keyspace's schema, as read here).
+RECORD_CLASSES: dict[KeyKind, type] = {
     KeyKind.STATUS: pb.JobStatus,
     KeyKind.RECOVERY: pb.Recovery,
     KeyKind.HISTORY: pb.History,
@@ -147,7 +148,7 @@ async def read_job(store: Store, keys: Keyspace, job: str) -> JobView:
         if ref.uid != view.spec.uid:
             view.other_runs.add(ref.uid)
             continue
-        decoder = _DECODERS.get(ref.kind)
+        decoder = RECORD_CLASSES.get(ref.kind)
         if decoder is None:
             continue
         try:
@@ -215,6 +216,17 @@ def idle_spares(view: JobView) -> tuple[str, ...]:
             and not any(r.state in (pb.RANK_RUNNING, pb.RANK_PENDING) for r in _ranks_of(view, name))
         )
     )
+
+
+def ranks_running_elsewhere(view: JobView, node: str) -> set[int]:
+    """Ranks that a live node other than ``node`` runs (or is starting) now, by its rank table."""
+    return {
+        r.rank
+        for other, table in view.ranks.items()
+        if other != node and other in view.nodes
+        for r in table.ranks
+        if r.state in (pb.RANK_RUNNING, pb.RANK_PENDING)
+    }
 
 
 def node_of_rank(view: JobView) -> dict[int, str]:

@@ -55,7 +55,7 @@ from recoverd.agent.launcher import (
 )
 from recoverd.agent.membership import Membership
 from recoverd.agent.outbox import Outbox
-from recoverd.agent.ranktable import LIVE_STATES, RankSlot, RankTable
+from recoverd.agent.ranktable import RankSlot, RankTable
 from recoverd.agent.readopt import plan_adoption
 from recoverd.agent.runtime import RankRuntime, RuntimeFactory
 from recoverd.agent.settings import (
@@ -78,7 +78,7 @@ from recoverd.errors import (
     RecoverdError,
 )
 from recoverd.filewatch import watch_file
-from recoverd.jobview import JobView, read_job
+from recoverd.jobview import JobView, ranks_running_elsewhere, read_job
 from recoverd.keys import Keyspace, RunRef
 from recoverd.records import decode, encode, pb, ts_from_s
 from recoverd.resetjson import ResetState
@@ -357,13 +357,7 @@ class NodeAgent:
         if view.status is not None and view.status.state in (pb.JOB_SUCCEEDED, pb.JOB_FAILED):
             self._wake.set()  # reconcile ends the agent with the job's outcome
             return
-        elsewhere = {
-            r.rank
-            for node, table in view.ranks.items()
-            if node != self.settings.node and node in view.nodes
-            for r in table.ranks
-            if r.state in LIVE_STATES
-        }
+        elsewhere = ranks_running_elsewhere(view, self.settings.node)
         moved = [self.slots[r] for r in sorted(elsewhere & set(self.slots))]
         if moved:
             log.warning(
@@ -735,15 +729,7 @@ class NodeAgent:
         deadline = time.monotonic() + 2 * self.settings.stop_grace_s + 5.0
         while True:
             view = await read_job(self.store, self.keys, self.settings.job)
-            busy = sorted(
-                {
-                    r.rank
-                    for node, table in view.ranks.items()
-                    if node != self.settings.node and node in view.nodes
-                    for r in table.ranks
-                    if r.rank in ranks and r.state in LIVE_STATES
-                }
-            )
+            busy = sorted(ranks_running_elsewhere(view, self.settings.node) & set(ranks))
             if not busy:
                 return ""
             if time.monotonic() >= deadline:

@@ -28,7 +28,7 @@ from recoverd.agent.launcher import START_TIME_SLACK_S
 from recoverd.agent.ranktable import LIVE_STATES, RankTable
 from recoverd.agent.settings import AgentSettings
 from recoverd.errors import BadRecord, EtcdUnavailable, FenceLost, JobSpecMismatch
-from recoverd.jobview import JobView, read_job
+from recoverd.jobview import JobView, ranks_running_elsewhere, read_job
 from recoverd.keys import Keyspace, RunRef
 from recoverd.records import decode, encode, pb, ts_from_s, ts_to_s
 from recoverd.store import Absent, Compare, DeletePrefix, LeaseKeeper, ModRevisionAtMost, Op, Put, Store, ValueIs
@@ -339,13 +339,7 @@ class Membership:
         """A node joining a live run does not start ranks that a downgrade isolated or that another
         live node runs now (a `recover` moved them): they are not this node's any more."""
         isolated = {p.rank for p in view.recovery.isolated} if view.recovery is not None else set()
-        elsewhere = {
-            r.rank
-            for node, table in view.ranks.items()
-            if node != self.settings.node and node in view.nodes
-            for r in table.ranks
-            if r.state in LIVE_STATES
-        }
+        elsewhere = ranks_running_elsewhere(view, self.settings.node)
         for rank in sorted(set(self.table.slots) & (isolated | elsewhere)):
             self.table.remove(rank)
             log.warning(

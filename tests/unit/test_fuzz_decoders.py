@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from recoverd.coordinator.codec import fault_from_pb, recovery_from_pb, recovery_to_pb
 from recoverd.errors import BadRecord
+from recoverd.jobview import RECORD_CLASSES
 from recoverd.keys import KeyKind, Keyspace, RunRef
 from recoverd.records import decode, encode, pb
 from recoverd.strategy.service import request_from_records
@@ -26,20 +27,7 @@ KEYS = Keyspace("/fz/v1")
 _RUN = RunRef("j", "r")
 FRAME = JobFrame("j", "r", world_size=8, nnodes=2)
 SPEC = pb.JobSpec(name="j", uid="r", world_size=8, nnodes=2, nproc_per_node=4, policy=pb.Policy(strategies=["exit"]))
-CLASSES: dict[KeyKind, type[Any]] = {
-    KeyKind.STATUS: pb.JobStatus,
-    KeyKind.RECOVERY: pb.Recovery,
-    KeyKind.HISTORY: pb.History,
-    KeyKind.NODE: pb.NodeRecord,
-    KeyKind.CLIENT: pb.ClientRecord,
-    KeyKind.RANKS: pb.NodeRanks,
-    KeyKind.FAULT: pb.Fault,
-    KeyKind.REPORT: pb.Report,
-    KeyKind.DECISION: pb.Decision,
-    KeyKind.COMMAND: pb.Command,
-    KeyKind.ACK: pb.CommandAck,
-    KeyKind.SIGNAL: pb.Signal,
-}
+CLASSES: dict[KeyKind, type[Any]] = RECORD_CLASSES
 
 
 def fast(cases: int) -> settings:

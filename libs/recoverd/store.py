@@ -636,11 +636,14 @@ class Store:
         delay = self.watch_retry_s
         key = _raw(prefix)
         resync: str | None = None  # reason for the Resync owed once the watch is live again
+        skip_to_now = False
         while True:
             watch = None
             client = None
             try:
                 client = await self._get_client()
+                if skip_to_now:
+                    next_rev, skip_to_now = await self.revision() + 1, False
                 watch = await _bounded(
                     client.watch(key, range_end=None if exact else _prefix_end(key), start_revision=next_rev),
                     limit_s=self.op_timeout_s,
@@ -672,6 +675,17 @@ class Store:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.watch_retry_max_s)
                 resync = resync or "reconnected"  # a pending "compacted" says more; keep it
+            except aetcd_errors.ClientError as err:  # after its subclasses above: only the plain one
+                if "larger than max" not in str(err):
+                    raise
+                # The events from next_rev on came as one answer over gRPC's 4 MiB limit (etcd
+                # batches a catch-up): asking again gets the same answer. Skip to now and resync:
+                # level-triggered readers re-read the state (paged reads), so nothing is lost.
+                log.warning(
+                    "watch on %s: events after revision %d exceed the message limit; resyncing", prefix, next_rev
+                )
+                skip_to_now = True
+                resync = "oversized"
             finally:
                 if watch is not None:
                     with contextlib.suppress(Exception):

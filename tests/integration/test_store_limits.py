@@ -4,6 +4,7 @@ reads over the 4 MiB response limit, refusals that are not "etcd unavailable", t
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -12,7 +13,7 @@ import pytest
 from recoverd import store as store_module
 from recoverd.errors import EtcdRefused, EtcdUnavailable, RequestTooLarge
 from recoverd.etcd_versions import known_problem
-from recoverd.store import MAX_TXN_OPS, Delete, Put, Store, printable
+from recoverd.store import MAX_TXN_OPS, Delete, Put, Resync, Store, WatchEvent, printable
 
 pytestmark = pytest.mark.etcd
 
@@ -78,6 +79,24 @@ async def test_a_read_over_4_mib_is_paged_at_one_revision(etcd_endpoint: str, ke
         print(f"paged read of 5 MB: {took * 1000:.0f} ms, {store.page_keys} keys per page")
         # Pages are read at the first page's revision: a write during the read is not half-seen.
         assert snap.revision == max(kv.mod_revision for kv in snap.kvs)
+
+
+async def test_a_watch_whose_catch_up_exceeds_4_mib_resyncs_instead_of_failing(
+    etcd_endpoint: str, key_prefix: str
+) -> None:
+    """Five 1 MB writes watched from before them come back in one answer over gRPC's limit: the
+    watch skips to now and yields a Resync (a level-triggered reader re-reads), then goes on."""
+    async with Store(etcd_endpoint) as store:
+        start = await store.revision() + 1
+        for i in range(5):
+            await store.put(f"{key_prefix}/big/n{i}", bytes([65 + i]) * 1_000_000)
+        watch = store.watch_prefix(f"{key_prefix}/big/", start)
+        first = await asyncio.wait_for(anext(watch), 20)
+        assert isinstance(first, Resync) and first.reason == "oversized"
+        await store.put(f"{key_prefix}/big/after", b"small")
+        event = await asyncio.wait_for(anext(watch), 20)
+        assert isinstance(event, WatchEvent) and event.key.endswith("/after")
+        await watch.aclose()
 
 
 async def test_the_server_version_is_read_and_a_known_bad_one_warned(

@@ -55,7 +55,7 @@ from recoverd.agent.launcher import (
 )
 from recoverd.agent.membership import Membership
 from recoverd.agent.outbox import Outbox
-from recoverd.agent.ranktable import RankSlot, RankTable
+from recoverd.agent.ranktable import LIVE_STATES, RankSlot, RankTable
 from recoverd.agent.readopt import plan_adoption
 from recoverd.agent.runtime import RankRuntime, RuntimeFactory
 from recoverd.agent.settings import (
@@ -288,6 +288,15 @@ class NodeAgent:
         found = await asyncio.to_thread(find_rank_processes, run.uid, self.settings.node)
         if table is None and not found:
             return
+        # Ranks moved here (a spare's, START_RANKS) are this node's although its settings do not
+        # name them: the rank table in etcd does, unless another live node runs them now.
+        elsewhere = ranks_running_elsewhere(view, self.settings.node)
+        gained = [r.rank for r in (table.ranks if table is not None else []) if r.state in LIVE_STATES]
+        for rank in sorted(set(gained) - set(self.slots) - elsewhere):
+            self.table.add(rank)
+        if set(gained) - elsewhere - set(self.settings.local_ranks):
+            self.membership.is_spare = False
+            self.membership.is_record_stale = True
         plan = plan_adoption(list(table.ranks) if table is not None else [], found, self.table.slots)
         for rank, (status, proc) in plan.adopt.items():
             slot = self.slots[rank]
@@ -308,6 +317,12 @@ class NodeAgent:
                 ExitInfo(status.pid, None, None),
                 detail=f"pid {status.pid} ended while no agent watched it (exit status unknown)",
             )
+        recorded = {r.rank: r for r in table.ranks} if table is not None else {}
+        for rank in plan.start:
+            if rank in recorded:  # stopped, not finished: started again, counted as a restart
+                slot = self.slots[rank]
+                slot.generation = recorded[rank].generation
+                slot.restart_count = recorded[rank].restart_count + 1
         for rank, status in plan.keep.items():
             slot = self.slots[rank]
             slot.generation, slot.restart_count = status.generation, status.restart_count
@@ -580,7 +595,8 @@ class NodeAgent:
                 delay = self.settings.retry_s
             except FenceLost as err:
                 log.warning("agent %s: %s", self.settings.node, err.detail)
-                await self._on_fence_lost()
+                with contextlib.suppress(RecoverdError):  # etcd may be flaky right now: next pass
+                    await self._on_fence_lost()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.settings.retry_max_s)
                 self._wake.set()
@@ -806,8 +822,10 @@ class NodeAgent:
                 node=self.settings.node,
             )
         )
-        await self._fenced_put(self.keys.ack(run, self.settings.node), encode(ack))
+        # The rank table first: an agent that dies between the two must leave a table that matches
+        # the ack its successor reads (else it would adopt against the old pids).
         await self.outbox.flush()
+        await self._fenced_put(self.keys.ack(run, self.settings.node), encode(ack))
         if self.membership.is_record_stale:
             await self.membership.register_again()
 

@@ -27,7 +27,7 @@ from recoverd import events
 from recoverd.agent.launcher import START_TIME_SLACK_S
 from recoverd.agent.ranktable import LIVE_STATES, RankTable
 from recoverd.agent.settings import AgentSettings
-from recoverd.errors import BadRecord, EtcdUnavailable, FenceLost, JobSpecMismatch
+from recoverd.errors import BadRecord, EtcdUnavailable, FenceLost, JobSpecMismatch, RecoverdError
 from recoverd.jobview import JobView, ranks_running_elsewhere, read_job
 from recoverd.keys import Keyspace, RunRef
 from recoverd.records import decode, encode, pb, ts_from_s, ts_to_s
@@ -246,6 +246,8 @@ class Membership:
         if record.node != self.settings.node or record.agent_pid <= 0 or not record.host:
             return "nobody"  # parses, but is no agent's record (e.g. `[]` or `{}`): clobbered too
         if record.host == socket.gethostname() and record.agent_pid == os.getpid():
+            # Our own write whose answer was lost (an ambiguous commit): it is the registration.
+            self.registration = kv.value
             return "me"
         return f"agent pid {record.agent_pid} on {record.host or '?'}"
 
@@ -384,7 +386,12 @@ class Membership:
                         self.lease = fresh
                     await rejoin()
                     break
-                except EtcdUnavailable:
+                except RecoverdError as err:
+                    if not isinstance(err, EtcdUnavailable) and self.lease is not lease:
+                        # Refused (e.g. the fresh lease expired while etcd was away): a new one.
+                        await self.lease.aclose(revoke=False)  # type: ignore[union-attr]
+                        self.lease = lease
+                    log.info("agent %s: registering again failed (%s); retrying", self.settings.node, err)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, self.settings.retry_max_s)
 

@@ -11,11 +11,12 @@ node was declared lost, or taken over by a restarted agent, can overwrite nothin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
 from recoverd import events
-from recoverd.errors import EtcdUnavailable, FenceLost
+from recoverd.errors import FenceLost, RecoverdError
 from recoverd.keys import Keyspace, RunRef
 from recoverd.records import encode, pb
 from recoverd.store import Compare, Op, Put, Store
@@ -124,11 +125,12 @@ class Outbox:
                 delay = self._retry_s
             except FenceLost as err:
                 log.warning("agent %s: %s", self.node, err.detail)
-                await self._on_fence_lost()
+                with contextlib.suppress(RecoverdError):  # etcd may be flaky right now: next round
+                    await self._on_fence_lost()
                 self._dirty.set()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self._retry_max_s)
-            except EtcdUnavailable as err:
+            except RecoverdError as err:  # unavailable, or a refusal (too many requests, no space)
                 log.info("agent %s: cannot publish (%s); retrying in %.2fs", self.node, err, delay)
                 self._dirty.set()
                 await asyncio.sleep(delay)

@@ -335,17 +335,19 @@ def agent_partition(t: Trial) -> None:
     healed = t.cluster.procs["agent-node1"]
 
     def caught_up() -> bool | None:
-        # The healed agent has acted on what the coordinator asked of its node (its command acked),
-        # or it is gone: only then is "it wrote nothing" a verdict rather than a race.
+        # The healed agent has registered again, giving up the ranks the spare runs now (it
+        # stops them before it registers: ADR 0023), or it is gone: only then is "it wrote
+        # nothing" a verdict rather than a race.
         if healed.poll() is not None:
             return True
         view = t.view()
-        command, ack = view.commands.get("node1"), view.acks.get("node1")
-        if command is None:
-            return True
-        return (ack is not None and (ack.epoch, ack.seq) >= (command.epoch, command.seq)) or None
+        record = view.nodes.get("node1")
+        if record is None or record.agent_pid != healed.pid:
+            return None
+        moved = {r.rank for r in view.ranks["spare0"].ranks} if "spare0" in view.ranks else set()
+        return set(record.ranks).isdisjoint(moved) or None
 
-    t.cluster.wait_for("the healed agent to catch up with its node's command", caught_up, timeout=20)
+    t.cluster.wait_for("the healed agent to register again without the moved ranks", caught_up, timeout=20)
     census = t.settle()
     stale = [r for r in (2, 3) if before[r].pid in census.get(r, [])]
     if stale:

@@ -155,7 +155,9 @@ def test_a_superseded_agent_that_returns_stops_nothing_and_writes_nothing(cluste
         old.send_signal(signal.SIGCONT)
     assert old.wait(timeout=30) == 2, "the returning agent must end: its node is another agent's now"
     assert new.poll() is None
-    now = cluster.ranks(job)
+    # The node was lost meanwhile (its lease expired), so a recovery may be restarting ranks: wait
+    # for the job to settle, then every rank runs exactly once, under the new agent.
+    now = cluster.wait_running(job, 4, timeout=30)
     running = {rank: s.pid for rank, s in now.items() if s.state == pb.RANK_RUNNING}
     assert sorted(running) == [0, 1, 2, 3]
     assert all(len(p) == 1 for p in _rank_processes(job).values())

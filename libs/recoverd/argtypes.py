@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["non_negative", "positive"]
+__all__ = ["lease_ttl", "non_negative", "positive"]
 
 N = TypeVar("N", int, float)
 
@@ -32,3 +32,14 @@ def positive(kind: Callable[[str], N]) -> Callable[[str], N]:
 def non_negative(kind: Callable[[str], N]) -> Callable[[str], N]:
     """An argparse ``type=`` that parses with ``kind`` and refuses negatives (zero is allowed)."""
     return _checked(kind, lambda value: value >= 0, "must not be negative")
+
+
+def lease_ttl(text: str) -> int:
+    """An argparse ``type=`` for lease TTLs: whole seconds, at least 1 (etcd grants nothing else)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if value < 1 or value != round(value):
+        raise argparse.ArgumentTypeError(f"{text!r}: etcd lease TTLs are whole seconds, at least 1 (e.g. 1, 2, 5)")
+    return int(value)

@@ -68,6 +68,7 @@ __all__ = [
     "TxnResult",
     "ValueIs",
     "WatchEvent",
+    "check_lease_ttl",
     "op_size",
     "parse_endpoints",
     "printable",
@@ -314,6 +315,8 @@ class Store:
         self.server_version = ""
         self._client: Any = None
         self._version_task: asyncio.Task[None] | None = None
+        #: (asked, granted) lease TTL last warned about (a raised TTL is said once per store).
+        self._warned_ttl: tuple[int, int] | None = None
         #: Dropped connections, closed once the calls still in flight on them had their time.
         self._retiring: set[asyncio.Task[None]] = set()
         self._state = _State.UNOPENED
@@ -605,8 +608,12 @@ class Store:
         return LeaseKeeper(self, ttl_s)
 
     async def _grant(self, ttl: int) -> int:
+        return (await self._grant_ttl(ttl))[0]
+
+    async def _grant_ttl(self, ttl: int) -> tuple[int, int]:
+        """Grant a lease; (its id, the TTL etcd granted: at least its minimum, 1.5 x its election timeout)."""
         lease = await self._call("lease", ttl)
-        return int(lease.id)
+        return int(lease.id), int(lease.ttl)
 
     async def _refresh(self, lease_id: int) -> int:
         reply = await self._call("refresh_lease", lease_id)
@@ -692,6 +699,15 @@ class Store:
                         await _bounded(watch.cancel(), limit_s=0.5)
 
 
+def check_lease_ttl(ttl_s: float) -> int:
+    """A lease TTL as etcd takes it: whole seconds, at least 1. Anything else is refused with the
+    reason (it used to be rounded silently: 0.5 s became 1 s, which etcd may raise again)."""
+    whole = round(ttl_s)
+    if ttl_s < 1 or abs(ttl_s - whole) > 1e-9:
+        raise ConfigError(f"lease TTL {ttl_s:g} s: etcd grants whole seconds, at least 1 (e.g. 1, 2, 5)")
+    return int(whole)
+
+
 class LeaseKeeper:
     """Grants a lease and keeps it alive; ``lost`` is set once it has certainly expired.
 
@@ -703,13 +719,27 @@ class LeaseKeeper:
 
     def __init__(self, store: Store, ttl_s: float) -> None:
         self.store = store
-        self.ttl = max(1, round(ttl_s))
+        self.ttl = check_lease_ttl(ttl_s)
         self.id = 0
         self.lost = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> LeaseKeeper:
-        self.id = await self.store._grant(self.ttl)
+        self.id, granted = await self.store._grant_ttl(self.ttl)
+        if granted != self.ttl:
+            # etcd raises a TTL below its minimum (1.5 x its election timeout): liveness is then
+            # judged by what was granted, and said once, never silently.
+            if self.store._warned_ttl != (self.ttl, granted):
+                self.store._warned_ttl = (self.ttl, granted)
+                log.warning(
+                    "etcd at %s granted a %d s lease for the %d s asked (its minimum lease TTL is 1.5 x its"
+                    " election timeout): a loss is noticed after %d s",
+                    self.store.endpoint,
+                    granted,
+                    self.ttl,
+                    granted,
+                )
+            self.ttl = granted
         self._task = asyncio.create_task(self._keep_alive(), name=f"lease-{self.id:x}")
         return self
 

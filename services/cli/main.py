@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 from recoverd import __version__
 from recoverd.agent.agent import AgentSettings, NodeAgent, become_subreaper
-from recoverd.argtypes import non_negative, positive
+from recoverd.argtypes import lease_ttl, non_negative, positive
 from recoverd.coordinator.reconciler import Coordinator, CoordinatorSettings
 from recoverd.coordinator.recovery import Timeouts
 from recoverd.errors import ConfigError, RecoverdError
@@ -102,7 +102,9 @@ def _add_timeouts(parser: argparse.ArgumentParser) -> None:
         help="no decision this long: apply exit (%(default)s)",
     )
     group.add_argument("--recover-timeout", type=positive(float), default=default.recover_s, help="%(default)s")
-    group.add_argument("--coordinator-lease-ttl", type=positive(float), default=5.0, help="%(default)s")
+    group.add_argument(
+        "--coordinator-lease-ttl", type=lease_ttl, default=5, help="whole seconds, at least 1 (%(default)s)"
+    )
     group.add_argument("--event-cap", type=positive(int), default=1000, help="events kept per run (%(default)s)")
     group.add_argument(
         "--retention",
@@ -145,7 +147,9 @@ def _add_job(parser: argparse.ArgumentParser, *, job_required: bool) -> None:
     parser.add_argument("--log-dir", default=None, help="one log file per rank (default: recoverd-logs/<job>)")
     parser.add_argument("--master-addr", default=None)
     parser.add_argument("--master-port", type=positive(int), default=None)
-    parser.add_argument("--agent-lease-ttl", type=positive(float), default=5.0, help="%(default)s s")
+    parser.add_argument(
+        "--agent-lease-ttl", type=lease_ttl, default=5, help="whole seconds, at least 1 (%(default)s s)"
+    )
     parser.add_argument(
         "--stop-grace",
         type=positive(float),

@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 
-from recoverd.argtypes import positive
+from recoverd.argtypes import lease_ttl, positive
 from recoverd.errors import ConfigError
 from recoverd.keys import Keyspace
 from recoverd.mindcluster import recover_pb2_grpc
@@ -111,8 +111,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds between keep-alive messages on a subscription stream (%(default)s)",
     )  # fmt: skip
     parser.add_argument(
-        "--client-lease-ttl", type=number, default=default.client_lease_ttl_s,
-        help="lease TTL of each registered client session, in seconds (%(default)s)",
+        "--client-lease-ttl", type=lease_ttl, default=default.client_lease_ttl_s,
+        help="lease TTL of each registered client session, whole seconds, at least 1 (%(default)s)",
     )  # fmt: skip
     parser.add_argument(
         "--client-grace", type=number, default=default.client_grace_s,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from recoverd.errors import ConfigError, JobSpecMismatch
 from recoverd.keys import check_id
 from recoverd.records import pb
+from recoverd.store import check_lease_ttl
 from recoverd.strategies import TRAITS
 
 __all__ = ["EXIT_FAILED", "EXIT_REFUSED", "EXIT_SIGINT", "EXIT_SIGTERM", "EXIT_SUCCEEDED", "AgentSettings"]
@@ -85,8 +86,9 @@ class AgentSettings:
         unknown = [s for s in self.strategies if s not in TRAITS]
         if unknown or not self.strategies:
             raise ConfigError(f"unknown strategies {unknown or list(self.strategies)}")
-        if self.lease_ttl_s <= 0 or self.stop_grace_s < 0 or self.warm_spares < 0:
-            raise ConfigError("lease TTL must be positive; stop grace and warm spares not negative")
+        check_lease_ttl(self.lease_ttl_s)
+        if self.stop_grace_s < 0 or self.warm_spares < 0:
+            raise ConfigError("stop grace and warm spares must not be negative")
 
     @property
     def world_size(self) -> int:

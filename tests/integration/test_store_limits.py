@@ -7,13 +7,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 
 import pytest
 
 from recoverd import store as store_module
-from recoverd.errors import EtcdRefused, EtcdUnavailable, RequestTooLarge
+from recoverd.errors import ConfigError, EtcdRefused, EtcdUnavailable, RequestTooLarge
+from recoverd.etcd_server import EmbeddedEtcd
 from recoverd.etcd_versions import known_problem
-from recoverd.store import MAX_TXN_OPS, Delete, Put, Resync, Store, WatchEvent, printable
+from recoverd.store import MAX_TXN_OPS, Delete, Put, Resync, Store, WatchEvent, check_lease_ttl, printable
 
 pytestmark = pytest.mark.etcd
 
@@ -114,3 +116,25 @@ async def test_the_server_version_is_read_and_a_known_bad_one_warned(
             assert len(warned) == 1 and store.server_version in warned[0].getMessage()
         else:
             assert warned == []
+
+
+def test_a_lease_ttl_that_etcd_cannot_grant_is_refused_with_the_reason() -> None:
+    for bad in (0, 0.5, 1.5, -2):
+        with pytest.raises(ConfigError, match="whole seconds"):
+            check_lease_ttl(bad)
+    assert check_lease_ttl(2.0) == 2
+
+
+async def test_a_lease_etcd_raises_is_said_and_judged_by_the_granted_ttl(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An etcd with the default election timeout (1 s) raises a 1 s lease to its minimum, 2 s: the
+    keeper says so once and times loss by the granted TTL, never silently by the asked one."""
+    caplog.set_level(logging.WARNING, logger="recoverd.store")
+    with EmbeddedEtcd(data_dir=str(tmp_path / "etcd")) as etcd:  # etcd's own default timings
+        async with Store(etcd.endpoint) as store, store.lease(1) as lease:
+            assert lease.ttl == 2
+            async with store.lease(1) as again:
+                assert again.ttl == 2
+    raised = [r for r in caplog.records if "granted a 2 s lease for the 1 s asked" in r.getMessage()]
+    assert len(raised) == 1

@@ -526,19 +526,29 @@ class NodeAgent:
     def _record_fault(self, slot: RankSlot, info: ExitInfo, detail: str = "") -> None:
         """Queue a fault record; the publisher writes it (and retries while etcd is away)."""
         proc = slot.proc
+        self._queue_fault(
+            slot,
+            f"{self.settings.node}.r{slot.rank}.g{slot.generation}.c{slot.restart_count}",
+            detail or f"pid {info.pid} {info.describe()}",
+            exit_code=info.exit_code or 0,
+            signal=info.signal or 0,
+            stderr_tail=read_tail(proc.log_path if proc else None),
+        )
+
+    def _queue_fault(self, slot: RankSlot, fault_id: str, detail: str, **observed: object) -> None:
+        """One fault of a local rank, as every source here reports it (``observed``: what that
+        source saw, e.g. the exit code); the outbox writes it."""
         self.outbox.add_fault(
             pb.Fault(
-                fault_id=f"{self.settings.node}.r{slot.rank}.g{slot.generation}.c{slot.restart_count}",
+                fault_id=fault_id,
                 rank=slot.rank,
                 node=self.settings.node,
                 fault_type="1",
                 source=pb.SOURCE_AGENT,
-                exit_code=info.exit_code or 0,
-                signal=info.signal or 0,
-                stderr_tail=read_tail(proc.log_path if proc else None),
                 generation=slot.generation,
                 detected_at=ts_from_s(time.time()),
-                detail=detail or f"pid {info.pid} {info.describe()}",
+                detail=detail,
+                **observed,  # type: ignore[arg-type]
             )
         )
 
@@ -715,17 +725,10 @@ class NodeAgent:
                 await asyncio.sleep(retry_s)
 
     def _record_reset_fault(self, slot: RankSlot, status: str, update_time: int, path: str) -> None:
-        self.outbox.add_fault(
-            pb.Fault(
-                fault_id=f"{self.settings.node}.r{slot.rank}.reset.{update_time}",
-                rank=slot.rank,
-                node=self.settings.node,
-                fault_type="1",
-                source=pb.SOURCE_AGENT,
-                generation=slot.generation,
-                detected_at=ts_from_s(time.time()),
-                detail=f"{path}: rank {slot.rank} is {status} (device fault)",
-            )
+        self._queue_fault(
+            slot,
+            f"{self.settings.node}.r{slot.rank}.reset.{update_time}",
+            f"{path}: rank {slot.rank} is {status} (device fault)",
         )
 
     async def _mirror_reset_json(self, recovery: pb.Recovery | None) -> None:

@@ -51,6 +51,20 @@ def _reap_orphans(cluster: Cluster, pids: list[int]) -> None:
     cluster.wait_for(f"the orphaned ranks {pids} to end and be reaped", reaped)
 
 
+def _kill_and_wait_back(
+    cluster: Cluster, job: str, before: dict[int, pb.RankStatus], rank: int, timeout: float = 20.0
+) -> dict[int, pb.RankStatus]:
+    """SIGKILL ``rank``; wait until it runs again as a new process; the other ranks keep their pids."""
+    os.kill(before[rank].pid, signal.SIGKILL)
+    after = cluster.wait_for(
+        f"rank {rank} to come back",
+        lambda: (r := cluster.ranks(job))[rank].state == pb.RANK_RUNNING and r[rank].pid != before[rank].pid and r,
+        timeout=timeout,
+    )
+    assert all(after[r].pid == before[r].pid for r in before if r != rank), "another rank was restarted"
+    return after
+
+
 def _events(cluster: Cluster, job: str, reason: str) -> list[pb.Event]:
     return [e for e in cluster.events(job) if e.reason == reason]
 
@@ -185,12 +199,7 @@ def test_a_forged_future_command_is_ignored_and_later_commands_still_apply(clust
     )
     assert {r: s.pid for r, s in cluster.ranks(job).items()} == {r: s.pid for r, s in before.items()}
 
-    os.kill(before[0].pid, signal.SIGKILL)
-    after = cluster.wait_for(
-        "rank 0 to come back",
-        lambda: (r := cluster.ranks(job))[0].state == pb.RANK_RUNNING and r[0].pid != before[0].pid and r,
-    )
-    assert all(after[rank].pid == before[rank].pid for rank in (1, 2, 3))
+    _kill_and_wait_back(cluster, job, before, 0)
     cluster.stop("agent-node0")
 
 
@@ -210,12 +219,7 @@ def test_a_clobbered_node_record_is_written_again_by_its_agent(cluster: Cluster)
             lambda: (v := cluster.get(key)) is not None and v.startswith(b"{") and b"node0" in v,
         )
     cluster.wait_for("node0 live again", lambda: "node0" in cluster.view(job).nodes)
-    os.kill(before[2].pid, signal.SIGKILL)
-    after = cluster.wait_for(
-        "rank 2 to come back",
-        lambda: (r := cluster.ranks(job))[2].state == pb.RANK_RUNNING and r[2].pid != before[2].pid and r,
-    )
-    assert all(after[rank].pid == before[rank].pid for rank in (0, 1, 3))
+    _kill_and_wait_back(cluster, job, before, 2)
     cluster.stop("agent-node0")
 
 

@@ -93,7 +93,7 @@ ACTION_START_RANKS: CommandAction
 ACTION_RELEASE_RANKS: CommandAction
 
 class Policy(_message.Message):
-    __slots__ = ("strategies", "max_rank_restarts", "max_job_restarts", "restart_window_s", "deadlines", "budgets", "spares", "allow_rank0_in_place")
+    __slots__ = ("strategies", "max_rank_restarts", "max_job_restarts", "restart_window_s", "deadlines", "budgets", "spares", "allow_rank0_in_place", "hang")
     class BudgetsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +109,7 @@ class Policy(_message.Message):
     BUDGETS_FIELD_NUMBER: _ClassVar[int]
     SPARES_FIELD_NUMBER: _ClassVar[int]
     ALLOW_RANK0_IN_PLACE_FIELD_NUMBER: _ClassVar[int]
+    HANG_FIELD_NUMBER: _ClassVar[int]
     strategies: _containers.RepeatedScalarFieldContainer[str]
     max_rank_restarts: int
     max_job_restarts: int
@@ -117,7 +118,30 @@ class Policy(_message.Message):
     budgets: _containers.MessageMap[str, Budget]
     spares: _containers.RepeatedScalarFieldContainer[str]
     allow_rank0_in_place: bool
-    def __init__(self, strategies: _Optional[_Iterable[str]] = ..., max_rank_restarts: _Optional[int] = ..., max_job_restarts: _Optional[int] = ..., restart_window_s: _Optional[float] = ..., deadlines: _Optional[_Union[PolicyDeadlines, _Mapping]] = ..., budgets: _Optional[_Mapping[str, Budget]] = ..., spares: _Optional[_Iterable[str]] = ..., allow_rank0_in_place: _Optional[bool] = ...) -> None: ...
+    hang: HangPolicy
+    def __init__(self, strategies: _Optional[_Iterable[str]] = ..., max_rank_restarts: _Optional[int] = ..., max_job_restarts: _Optional[int] = ..., restart_window_s: _Optional[float] = ..., deadlines: _Optional[_Union[PolicyDeadlines, _Mapping]] = ..., budgets: _Optional[_Mapping[str, Budget]] = ..., spares: _Optional[_Iterable[str]] = ..., allow_rank0_in_place: _Optional[bool] = ..., hang: _Optional[_Union[HangPolicy, _Mapping]] = ...) -> None: ...
+
+class HangPolicy(_message.Message):
+    __slots__ = ("enabled", "timeout_s", "multiplier", "floor_s", "startup_s", "warmup_steps", "log_pattern", "straggler_ratio", "straggler_window_s")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    MULTIPLIER_FIELD_NUMBER: _ClassVar[int]
+    FLOOR_S_FIELD_NUMBER: _ClassVar[int]
+    STARTUP_S_FIELD_NUMBER: _ClassVar[int]
+    WARMUP_STEPS_FIELD_NUMBER: _ClassVar[int]
+    LOG_PATTERN_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLER_RATIO_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLER_WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    timeout_s: float
+    multiplier: float
+    floor_s: float
+    startup_s: float
+    warmup_steps: int
+    log_pattern: str
+    straggler_ratio: float
+    straggler_window_s: float
+    def __init__(self, enabled: _Optional[bool] = ..., timeout_s: _Optional[float] = ..., multiplier: _Optional[float] = ..., floor_s: _Optional[float] = ..., startup_s: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., log_pattern: _Optional[str] = ..., straggler_ratio: _Optional[float] = ..., straggler_window_s: _Optional[float] = ...) -> None: ...
 
 class PolicyDeadlines(_message.Message):
     __slots__ = ("fault_window_s", "stop_s", "strategies_s", "decide_s", "recover_s")
@@ -248,7 +272,7 @@ class ClientRecord(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., role: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ..., registered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Fault(_message.Message):
-    __slots__ = ("fault_id", "rank", "node", "fault_type", "source", "exit_code", "signal", "stderr_tail", "generation", "detected_at", "detail")
+    __slots__ = ("fault_id", "rank", "node", "fault_type", "source", "exit_code", "signal", "stderr_tail", "generation", "detected_at", "detail", "kind", "stacks")
     FAULT_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -260,6 +284,8 @@ class Fault(_message.Message):
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     DETECTED_AT_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    STACKS_FIELD_NUMBER: _ClassVar[int]
     fault_id: str
     rank: int
     node: str
@@ -271,7 +297,25 @@ class Fault(_message.Message):
     generation: int
     detected_at: _timestamp_pb2.Timestamp
     detail: str
-    def __init__(self, fault_id: _Optional[str] = ..., rank: _Optional[int] = ..., node: _Optional[str] = ..., fault_type: _Optional[str] = ..., source: _Optional[_Union[FaultSource, str]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., stderr_tail: _Optional[str] = ..., generation: _Optional[int] = ..., detected_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., detail: _Optional[str] = ...) -> None: ...
+    kind: str
+    stacks: _containers.RepeatedCompositeFieldContainer[RankStack]
+    def __init__(self, fault_id: _Optional[str] = ..., rank: _Optional[int] = ..., node: _Optional[str] = ..., fault_type: _Optional[str] = ..., source: _Optional[_Union[FaultSource, str]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., stderr_tail: _Optional[str] = ..., generation: _Optional[int] = ..., detected_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., detail: _Optional[str] = ..., kind: _Optional[str] = ..., stacks: _Optional[_Iterable[_Union[RankStack, _Mapping]]] = ...) -> None: ...
+
+class RankStack(_message.Message):
+    __slots__ = ("rank", "pid", "tool", "text", "error", "where")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    WHERE_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    pid: int
+    tool: str
+    text: str
+    error: str
+    where: str
+    def __init__(self, rank: _Optional[int] = ..., pid: _Optional[int] = ..., tool: _Optional[str] = ..., text: _Optional[str] = ..., error: _Optional[str] = ..., where: _Optional[str] = ...) -> None: ...
 
 class Report(_message.Message):
     __slots__ = ("participant", "epoch", "uuid", "kind", "code", "message", "strategies", "strategy", "fault_ranks", "reported_at")

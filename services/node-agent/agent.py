@@ -39,10 +39,12 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from recoverd import events, participants, resetjson
 from recoverd.agent import resetfile
+from recoverd.agent.detectors import DETECTORS, Detected, ExitDetector, fault_id, mindcluster_fault_type
+from recoverd.agent.detectors.runner import DetectorSet
 from recoverd.agent.launcher import (
     SPARE_RANK,
     ExitInfo,
@@ -51,7 +53,6 @@ from recoverd.agent.launcher import (
     RankLaunch,
     RankProcess,
     find_rank_processes,
-    read_tail,
 )
 from recoverd.agent.membership import Membership
 from recoverd.agent.outbox import Outbox
@@ -69,7 +70,6 @@ from recoverd.agent.settings import (
 from recoverd.agent.warm import WarmSpares
 from recoverd.errors import (
     BadRecord,
-    ConfigError,
     EtcdUnavailable,
     FenceLost,
     JobSpecMismatch,
@@ -77,7 +77,6 @@ from recoverd.errors import (
     Reason,
     RecoverdError,
 )
-from recoverd.filewatch import watch_file
 from recoverd.jobview import JobView, ranks_running_elsewhere, read_job
 from recoverd.keys import Keyspace, RunRef
 from recoverd.records import decode, encode, pb, ts_from_s
@@ -159,7 +158,15 @@ class NodeAgent:
         self._check_spec = False
         #: Commands recorded as forged (epoch ahead of the recovery's), so each is noted once.
         self._ignored_commands: set[tuple[int, int]] = set()
+        #: Ids of the faults queued so far: a detector reporting one fault twice queues it once.
+        self._reported: set[str] = set()
+        #: Whether the job's recovery was in progress at the last reconcile (told to the detectors).
+        self._recovery_active = False
         resetfile.check_paths(settings.reset_json, settings.reset_json_mirror)
+        self.detectors = DetectorSet(self, settings, DETECTORS)
+        exits = self.detectors.get(ExitDetector)
+        assert exits is not None, "the exit detector is always registered"
+        self._exits = exits
 
     @property
     def slots(self) -> dict[int, RankSlot]:
@@ -168,6 +175,56 @@ class NodeAgent:
     @property
     def source(self) -> str:
         return self.participant
+
+    # ---------------------------------------------------------------- the detectors' host
+    @property
+    def node(self) -> str:
+        return self.settings.node
+
+    def ranks(self) -> Mapping[int, RankSlot]:
+        return self.slots
+
+    def report(self, found: Detected) -> None:
+        """Queue a detector's fault (once per fault id); the publisher writes it, retrying while
+        etcd is away."""
+        slot = self.slots.get(found.rank)
+        if slot is None:
+            return  # the rank moved away since the observation: not this node's fault any more
+        fid = fault_id(self.settings.node, slot.rank, slot.generation, slot.restart_count, found.kind, found.instance)
+        if fid in self._reported:
+            return
+        self._reported.add(fid)
+        self.outbox.add_fault(
+            pb.Fault(
+                fault_id=fid,
+                rank=slot.rank,
+                node=self.settings.node,
+                fault_type=mindcluster_fault_type(found.kind),
+                kind=found.kind.value,
+                source=pb.SOURCE_AGENT,
+                generation=slot.generation,
+                detected_at=ts_from_s(time.time()),
+                detail=found.detail,
+                exit_code=found.exit_code,
+                signal=found.signal,
+                stderr_tail=found.stderr_tail,
+                stacks=found.stacks,
+            )
+        )
+
+    def note(
+        self, reason: str, message: str, *, rank: int | None = None, data: Mapping[str, str] | None = None
+    ) -> None:
+        """Record an event of this node (logged as a warning)."""
+        run = self.membership.run
+        log.warning("agent %s: %s", self.settings.node, message)
+        if run is None:
+            return  # not joined yet: the log line is all there is
+        self.outbox.add_event(
+            events.event_put(
+                self.keys, run, self.source, reason, message, rank=rank, node=self.settings.node, data=dict(data or {})
+            )
+        )
 
     # ---------------------------------------------------------------- lifecycle
     async def run(self) -> int:
@@ -216,8 +273,7 @@ class NodeAgent:
                         group.create_task(self.membership.keep_registered(self._rejoin), name="agent-lease"),
                         group.create_task(self._launcher.watch(), name="agent-runtime"),
                     ]
-                    if self.settings.reset_json:
-                        tasks.append(group.create_task(self._watch_reset_json(), name="agent-reset-json"))
+                    tasks.append(group.create_task(self.detectors.run(), name="agent-detectors"))
                     for task in tasks:
                         if task.get_name() != "agent-runtime":  # the process launcher has nothing to watch
                             task.add_done_callback(self._machinery_ended)
@@ -308,11 +364,12 @@ class NodeAgent:
                 log.warning("agent %s: %s", self.settings.node, err.detail)
                 continue
             slot.state = pb.RANK_RUNNING
+            self.detectors.rank_started(slot)
         for rank, status in plan.died.items():
             slot = self.slots[rank]
             slot.generation, slot.restart_count = status.generation, status.restart_count
             slot.state = pb.RANK_FAILED
-            self._record_fault(
+            self._exits.exited(
                 slot,
                 ExitInfo(status.pid, None, None),
                 detail=f"pid {status.pid} ended while no agent watched it (exit status unknown)",
@@ -468,9 +525,10 @@ class NodeAgent:
             log.error("%s", err)
             slot.proc = None
             slot.state, slot.exit_code, slot.signal = pb.RANK_FAILED, 127, 0
-            self._record_fault(slot, ExitInfo(0, 127, None), detail=err.detail)
+            self._exits.exited(slot, ExitInfo(0, 127, None), detail=err.detail)
             return
         slot.state, slot.exit_code, slot.signal, slot.is_stopping = pb.RANK_RUNNING, 0, 0, False
+        self.detectors.rank_started(slot)
         self.outbox.mark_dirty()
 
     def _spare_launch(self) -> RankLaunch:
@@ -512,6 +570,7 @@ class NodeAgent:
             return
         slot.exit_code = info.exit_code if info.exit_code is not None else 0
         slot.signal = info.signal or 0
+        self.detectors.rank_ended(slot)
         if slot.is_stopping:
             slot.state = pb.RANK_STOPPED
         elif info.ok:
@@ -520,37 +579,8 @@ class NodeAgent:
         else:
             slot.state = pb.RANK_FAILED
             log.warning("rank %d (pid %d) failed: %s", slot.rank, proc.pid, info.describe())
-            self._record_fault(slot, info)
+            self._exits.exited(slot, info)
         self.outbox.mark_dirty()
-
-    def _record_fault(self, slot: RankSlot, info: ExitInfo, detail: str = "") -> None:
-        """Queue a fault record; the publisher writes it (and retries while etcd is away)."""
-        proc = slot.proc
-        self._queue_fault(
-            slot,
-            f"{self.settings.node}.r{slot.rank}.g{slot.generation}.c{slot.restart_count}",
-            detail or f"pid {info.pid} {info.describe()}",
-            exit_code=info.exit_code or 0,
-            signal=info.signal or 0,
-            stderr_tail=read_tail(proc.log_path if proc else None),
-        )
-
-    def _queue_fault(self, slot: RankSlot, fault_id: str, detail: str, **observed: object) -> None:
-        """One fault of a local rank, as every source here reports it (``observed``: what that
-        source saw, e.g. the exit code); the outbox writes it."""
-        self.outbox.add_fault(
-            pb.Fault(
-                fault_id=fault_id,
-                rank=slot.rank,
-                node=self.settings.node,
-                fault_type="1",
-                source=pb.SOURCE_AGENT,
-                generation=slot.generation,
-                detected_at=ts_from_s(time.time()),
-                detail=detail,
-                **observed,  # type: ignore[arg-type]
-            )
-        )
 
     def _rank_table_record(self) -> pb.NodeRanks:
         return self.table.to_pb(self._warm.pids if self._warm is not None else ())
@@ -655,6 +685,10 @@ class NodeAgent:
             await self.membership.register_again()
         if self.settings.reset_json_mirror:
             await self._mirror_reset_json(recovery if isinstance(recovery, pb.Recovery) else None)
+        active = isinstance(recovery, pb.Recovery) and recovery.phase not in (pb.PHASE_DONE, pb.PHASE_FAILED)
+        if active != self._recovery_active:
+            self._recovery_active = active
+            self.detectors.recovery_changed(active)
         if isinstance(recovery, pb.Recovery):
             await self._answer(recovery, command if isinstance(command, pb.Command) else None)
 
@@ -697,39 +731,6 @@ class NodeAgent:
                 self._supersede(err.detail)
             return
         self._supersede(f"node {self.settings.node} is registered by {holder}")
-
-    async def _watch_reset_json(self, retry_s: float = 1.0) -> None:
-        """Faults from a device plugin's reset.json, once per (rank, status, UpdateTime)."""
-        assert self.settings.reset_json is not None
-        path = self.settings.reset_json
-        seen: set[tuple[int, str, int]] = set()
-        while True:
-            try:
-                async with contextlib.aclosing(watch_file(path)) as updates:
-                    async for content in updates:
-                        if content is None:
-                            continue
-                        try:
-                            state = resetjson.parse(content, source=path)
-                        except BadRecord as err:
-                            self.outbox.note("bad_record", f"{path}: {err.detail}; nothing applied")
-                            continue
-                        for rank, status in resetfile.faults_from(state, self.slots):
-                            key = (rank, status, state.update_time)
-                            if key in seen:
-                                continue
-                            seen.add(key)
-                            self._record_reset_fault(self.slots[rank], status, state.update_time, path)
-            except (BadRecord, ConfigError) as err:
-                self.outbox.note("bad_record", f"{path}: {err.detail}; watching again in {retry_s:g}s")
-                await asyncio.sleep(retry_s)
-
-    def _record_reset_fault(self, slot: RankSlot, status: str, update_time: int, path: str) -> None:
-        self._queue_fault(
-            slot,
-            f"{self.settings.node}.r{slot.rank}.reset.{update_time}",
-            f"{path}: rank {slot.rank} is {status} (device fault)",
-        )
 
     async def _mirror_reset_json(self, recovery: pb.Recovery | None) -> None:
         run = self.membership.run

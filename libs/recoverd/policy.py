@@ -1,4 +1,4 @@
-"""A job's recovery policy: the YAML file given with ``--policy`` / ``recoverctl policy set``.
+r"""A job's recovery policy: the YAML file given with ``--policy`` / ``recoverctl policy set``.
 
 Format (every key optional; docs/policy.md)::
 
@@ -9,6 +9,16 @@ Format (every key optional; docs/policy.md)::
       exit: {max: 3, window_s: 600}                # the job's restart budget
     spares: [node7, node8]                  # only these --spare agents take ranks (default: any)
     allow_rank0_in_place: true              # may rank 0's node be recovered in place?
+    hang:                                   # progress-based hang and straggler detection
+      timeout: 0          # seconds; 0 = learned: multiplier x the step time, at least floor
+      multiplier: 3
+      floor: 5
+      startup: 300        # allowance for start-up and the first warmup_steps steps
+      warmup_steps: 3
+      log_pattern: 'step (?P<step>\d+)'   # progress from log lines (scripts with no client)
+      straggler_ratio: 1.5                 # slower than the node's peers' median by this much...
+      straggler_window: 60                 # ...for this long: a straggler event
+      enabled: true       # false: no hang faults (stragglers are still reported)
 
 :func:`parse_policy` validates the text into a frozen :class:`JobPolicy` and raises
 :class:`~recoverd.errors.ConfigError` naming the key, the bad value and what is allowed.
@@ -19,6 +29,7 @@ policy back into the file's form (what ``recoverctl policy show`` prints).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,7 +64,20 @@ DEADLINE_KEYS = {
     "recover": "recover_s",
 }
 DEFAULT_BUDGET_WINDOW_S = 600.0
-_TOP_KEYS = ("strategies", "deadlines", "budgets", "spares", "allow_rank0_in_place")
+_TOP_KEYS = ("strategies", "deadlines", "budgets", "spares", "allow_rank0_in_place", "hang")
+#: The file's hang keys -> (pb.HangPolicy field, kind): seconds, ratio (> 1 or >= 1), count, ...
+HANG_KEYS = {
+    "enabled": ("enabled", "bool"),
+    "timeout": ("timeout_s", "seconds0"),
+    "multiplier": ("multiplier", "factor"),
+    "floor": ("floor_s", "seconds"),
+    "startup": ("startup_s", "seconds"),
+    "warmup_steps": ("warmup_steps", "count"),
+    "log_pattern": ("log_pattern", "regex"),
+    "straggler_ratio": ("straggler_ratio", "ratio"),
+    "straggler_window": ("straggler_window_s", "seconds"),
+}
+_MAX_PATTERN = 1024
 _BUDGET_KEYS = ("max", "window_s")
 
 
@@ -83,6 +107,8 @@ class JobPolicy:
     budgets: tuple[tuple[str, Budget], ...] = ()
     spares: tuple[str, ...] = ()
     allow_rank0_in_place: bool = True
+    #: The ``hang`` section, already in stored form; None when the file has none.
+    hang: pb.HangPolicy | None = None
 
     def budget(self, strategy: str) -> Budget | None:
         return dict(self.budgets).get(strategy)
@@ -117,6 +143,8 @@ class JobPolicy:
             out.max_job_restarts = ex.max
         out.spares[:] = list(self.spares)
         out.allow_rank0_in_place = self.allow_rank0_in_place
+        if self.hang is not None:
+            out.hang.CopyFrom(self.hang)
         return out
 
 
@@ -199,6 +227,50 @@ def _spares(where: str, value: object) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _hang(where: str, value: object) -> pb.HangPolicy:
+    raw = _mapping(where, "hang", value, ", ".join(HANG_KEYS))
+    _unknown(where, "hang.", raw, tuple(HANG_KEYS))
+    out = pb.HangPolicy()
+    for key, item in raw.items():
+        field_name, kind = HANG_KEYS[key]
+        name = f"hang.{key}"
+        if kind == "bool":
+            if not isinstance(item, bool):
+                raise _fail(where, name, item, "expected true or false")
+            out.enabled = item
+        elif kind == "seconds0":
+            if item != 0:
+                setattr(out, field_name, _seconds(where, name, item))
+        elif kind == "seconds":
+            setattr(out, field_name, _seconds(where, name, item))
+        elif kind in ("factor", "ratio"):
+            low_ok = (lambda v: v >= 1) if kind == "factor" else (lambda v: v > 1)
+            good = not isinstance(item, bool) and isinstance(item, int | float) and math.isfinite(item) and low_ok(item)
+            if not good:
+                raise _fail(
+                    where,
+                    name,
+                    item,
+                    "expected a number of at least 1" if kind == "factor" else "expected a number above 1",
+                )
+            setattr(out, field_name, float(item))
+        elif kind == "count":
+            if isinstance(item, bool) or not isinstance(item, int) or not 0 < item <= 10_000:
+                raise _fail(where, name, item, "expected an integer from 1 to 10000")
+            setattr(out, field_name, item)
+        else:
+            if not isinstance(item, str) or not item or len(item) > _MAX_PATTERN:
+                raise _fail(where, name, item, f"expected a regular expression of 1 to {_MAX_PATTERN} characters")
+            try:
+                compiled = re.compile(item)
+            except re.error as err:
+                raise _fail(where, name, item, f"not a regular expression: {err}") from None
+            if "step" in compiled.groupindex and compiled.groupindex.keys() != {"step"}:
+                raise _fail(where, name, item, "the only named group allowed is (?P<step>...)")
+            out.log_pattern = item
+    return out
+
+
 def parse_policy(text: str, where: str = "policy") -> JobPolicy:
     """Validate a policy file's text; ``where`` names it in errors (usually the path)."""
     try:
@@ -219,6 +291,7 @@ def parse_policy(text: str, where: str = "policy") -> JobPolicy:
         budgets=_budgets(where, raw["budgets"]) if "budgets" in raw else (),
         spares=_spares(where, raw["spares"]) if "spares" in raw else (),
         allow_rank0_in_place=allow,
+        hang=_hang(where, raw["hang"]) if "hang" in raw else None,
     )
 
 
@@ -247,4 +320,17 @@ def policy_dict(policy: pb.Policy) -> dict[str, Any]:
         "budgets": {s: budgets[s] for s in KNOWN_STRATEGIES if s in budgets},
         "spares": list(policy.spares),
         "allow_rank0_in_place": policy.allow_rank0_in_place if policy.HasField("allow_rank0_in_place") else True,
+        "hang": _hang_dict(policy.hang),
     }
+
+
+def _hang_dict(hang: pb.HangPolicy) -> dict[str, Any]:
+    """The hang section as the file says it: the values set, the rest explained by the defaults."""
+    out: dict[str, Any] = {}
+    for key, (field_name, kind) in HANG_KEYS.items():
+        if kind == "bool":
+            if hang.HasField("enabled"):
+                out[key] = hang.enabled
+        elif value := getattr(hang, field_name):
+            out[key] = value
+    return out

@@ -168,6 +168,11 @@ def _add_job(parser: argparse.ArgumentParser, *, job_required: bool) -> None:
         "--reset-json", default=None, help="a device plugin's reset.json to turn into faults (watched, never written)"
     )
     parser.add_argument("--reset-json-mirror", default=None, help="write recoverd's state here in reset.json form")
+    parser.add_argument(
+        "--no-hang-detection",
+        action="store_true",
+        help="do not listen for the ranks' progress reports (no hang or straggler detection; docs/detectors.md)",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
 
@@ -285,6 +290,7 @@ def _agent_settings(args: argparse.Namespace, etcd: str, job: str, nnodes: int, 
         reset_json_mirror=args.reset_json_mirror,
         spare=bool(getattr(args, "spare", False)),
         warm_spares=args.warm_spares,
+        hang_detection=not args.no_hang_detection,
     )
 
 

@@ -44,6 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from recoverd import events, participants, resetjson
 from recoverd.agent import resetfile
 from recoverd.agent.detectors import DETECTORS, Detected, ExitDetector, fault_id, mindcluster_fault_type
+from recoverd.agent.detectors.progress_socket import address_for
 from recoverd.agent.detectors.runner import DetectorSet
 from recoverd.agent.launcher import (
     SPARE_RANK,
@@ -183,6 +184,9 @@ class NodeAgent:
 
     def ranks(self) -> Mapping[int, RankSlot]:
         return self.slots
+
+    def spec(self) -> pb.JobSpec | None:
+        return self.membership.spec
 
     def report(self, found: Detected) -> None:
         """Queue a detector's fault (once per fault id); the publisher writes it, retrying while
@@ -497,6 +501,7 @@ class NodeAgent:
                 "RECOVERD_PREFIX": self.keys.prefix,
                 "RECOVERD_GENERATION": str(slot.generation),
                 "RECOVERD_RESTART_COUNT": str(slot.restart_count),
+                "RECOVERD_PROGRESS_SOCKET": address_for(spec.uid, s.node) if s.hang_detection else "",
                 "TORCHELASTIC_RESTART_COUNT": str(slot.restart_count),
             }
         )

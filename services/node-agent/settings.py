@@ -73,6 +73,9 @@ class AgentSettings:
     #: Seconds to wait after a warm spare is used before starting the next one (it would compete
     #: for CPU with the recovery it just sped up).
     warm_spare_refill_s: float = 1.0
+    #: Judge the ranks' progress reports (hangs, stragglers: docs/detectors.md); the job's policy
+    #: (``hang.enabled``) can still turn hang faults off. Off: no progress socket at all.
+    hang_detection: bool = True
 
     def __post_init__(self) -> None:
         check_id("job", self.job)

@@ -112,6 +112,7 @@ class SimNodes:
             job=self.job,
             node=node,
             argv=("simulated-rank",),
+            hang_detection=False,  # simulated ranks send no progress; hundreds of sockets would cost CPU
             etcd=self.endpoint,
             nproc_per_node=self.nproc,
             nnodes=self.nodes,

@@ -112,6 +112,10 @@ class DetectorHost(Protocol):
         """The node's ranks now (read-only for detectors)."""
         ...
 
+    def spec(self) -> pb.JobSpec | None:
+        """The job's spec (its run uid, its policy), once the agent has joined."""
+        ...
+
     def report(self, found: Detected) -> None:
         """Queue a fault for the coordinator; the same fault id twice is one fault."""
         ...

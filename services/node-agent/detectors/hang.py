@@ -1,0 +1,273 @@
+"""Hangs and stragglers: ranks that stop making progress, or make it slowly.
+
+Progress arrives on the node's progress socket (``taskd_client.heartbeat``; the PyTorch trainer
+sends it by itself) or, for scripts with no client, from log lines matching the job's
+``hang.log_pattern``. :mod:`progress` judges it; this module is the I/O around that judgement:
+
+* a rank silent past its timeout becomes a ``hang`` fault, once per incarnation, with the Python
+  stacks of it and of its node's peers (py-spy, else the client's faulthandler) captured first,
+  so ``recoverctl`` can say where it hung before the recovery stops it;
+* a rank that turns into a straggler, or stops being one, is an event (``straggler``,
+  ``straggler_cleared``), never a fault;
+* nothing is written to etcd per step: only these changes.
+
+While a recovery of the job is in progress nobody is judged (ranks stop and start on purpose), and
+afterwards every rank gets its warm-up allowance again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+
+from recoverd.agent.detectors.base import Detected, Detector, DetectorHost, FaultKind
+from recoverd.agent.detectors.progress import Hang, HangRules, ProgressTracker, StragglerChange
+from recoverd.agent.detectors.progress_socket import ProgressReport, ProgressSocket, address_for, sender_belongs
+from recoverd.agent.ranktable import RankSlot
+from recoverd.agent.settings import AgentSettings
+from recoverd.records import pb
+
+__all__ = ["HangDetector", "is_stopped"]
+
+log = logging.getLogger(__name__)
+
+#: How often silence is judged; a hang is found at most this late.
+JUDGE_EVERY_S = 0.1
+#: How often log files are read for the pattern, and stragglers are judged.
+SLOW_EVERY_S = 0.5
+#: Longest log line matched (a longer one is cut).
+_MAX_LINE = 64 * 1024
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped (SIGSTOP, or traced): it cannot make progress whatever it said."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return bool(fields) and fields[0] in (b"T", b"t")
+
+
+@dataclass(slots=True)
+class _StackHandle:
+    """How to ask a rank's client for its stacks (what its reports said)."""
+
+    signal: int
+    path: str
+
+
+class HangDetector(Detector):
+    name = "hang"
+
+    @classmethod
+    def wanted(cls, settings: AgentSettings) -> bool:
+        return settings.hang_detection
+
+    def __init__(self, host: DetectorHost, settings: AgentSettings) -> None:
+        super().__init__(host, settings)
+        self.tracker = ProgressTracker()
+        self._policy: pb.HangPolicy | None = None
+        self._pattern: re.Pattern[str] | None = None
+        self._stack_handles: dict[int, _StackHandle] = {}
+        #: (rank, pid) -> offset of the rank's log file already read.
+        self._log_offsets: dict[tuple[int, int], int] = {}
+        self._warned: set[str] = set()
+        self.socket: ProgressSocket | None = None
+        self._captures: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------ the agent's hooks
+    def rank_started(self, slot: RankSlot) -> None:
+        if slot.proc is None:
+            return
+        self.tracker.started(slot.rank, slot.proc.pid, time.monotonic())
+        self._stack_handles.pop(slot.rank, None)
+        log_path = slot.proc.log_path
+        if log_path:
+            with contextlib.suppress(OSError):  # lines written before this incarnation are not its progress
+                self._log_offsets[(slot.rank, slot.proc.pid)] = os.stat(log_path).st_size
+
+    def rank_ended(self, slot: RankSlot) -> None:
+        self.tracker.ended(slot.rank)
+        self._stack_handles.pop(slot.rank, None)
+        for key in [k for k in self._log_offsets if k[0] == slot.rank]:
+            del self._log_offsets[key]
+
+    def recovery_changed(self, active: bool) -> None:
+        if active:
+            self.tracker.pause()
+        else:
+            self.tracker.resume(time.monotonic())
+
+    # ------------------------------------------------------------ loops
+    async def run(self) -> None:
+        spec = self.host.spec()
+        assert spec is not None, "detectors run once the agent has joined"
+        self._apply_policy()
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._receive(address_for(spec.uid, self.host.node)))
+                group.create_task(self._judge())
+                group.create_task(self._slow_loop())
+        finally:
+            if self.socket is not None:
+                self.socket.close()
+            for task in self._captures:
+                task.cancel()
+
+    async def _receive(self, address: str) -> None:
+        """Bind the progress socket (again and again while a previous agent of this node still
+        holds it) and feed every report to the tracker."""
+        sock = ProgressSocket(address)
+        delay = 0.5
+        while True:
+            try:
+                sock.open()
+                break
+            except OSError as err:
+                self._warn_once("bind", f"cannot bind the progress socket {address}: {err}; retrying")
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+        self.socket = sock
+        async for report in sock.reports():
+            self._on_report(report)
+
+    def _on_report(self, report: ProgressReport) -> None:
+        slot = self.host.ranks().get(report.rank)
+        if slot is None or slot.proc is None or not sender_belongs(report.sender_pid, slot.proc.pid):
+            assert self.socket is not None
+            self.socket.drop(f"pid {report.sender_pid} reported for rank {report.rank}, which it does not run")
+            return
+        if report.stack_signal is not None and report.stack_path is not None:
+            self._stack_handles[report.rank] = _StackHandle(report.stack_signal, report.stack_path)
+        self.tracker.progress(
+            report.rank, slot.proc.pid, report.step, time.monotonic(), waiting=report.waiting, busy_s=report.busy_s
+        )
+
+    async def _judge(self) -> None:
+        while True:
+            await asyncio.sleep(JUDGE_EVERY_S)
+            self._apply_policy()
+            for hang in self.tracker.hangs(time.monotonic(), is_stopped):
+                task = asyncio.create_task(self._report_hang(hang), name=f"hang-r{hang.rank}")
+                self._captures.add(task)
+                task.add_done_callback(self._captures.discard)
+
+    async def _slow_loop(self) -> None:
+        """Log lines, stragglers and dropped reports: each needs only a coarse clock."""
+        while True:
+            await asyncio.sleep(SLOW_EVERY_S)
+            if self._pattern is not None:
+                await self._read_logs(self._pattern)
+            for change in self.tracker.stragglers(time.monotonic()):
+                self._report_straggler(change)
+            if self.socket is not None and self.socket.dropped:
+                dropped, problem = self.socket.take_dropped()
+                self.host.note("progress_report_dropped", f"{dropped} progress report(s) dropped; last: {problem}")
+
+    # ------------------------------------------------------------ what is found
+    async def _report_hang(self, hang: Hang) -> None:
+        stacks = await self._stacks(hang.rank)
+        self.host.report(Detected(rank=hang.rank, kind=FaultKind.HANG, detail=hang.describe(), stacks=stacks))
+
+    async def _stacks(self, hung_rank: int) -> tuple[pb.RankStack, ...]:
+        """The Python stacks of the hung rank and of its node's running peers (best effort)."""
+        try:
+            from recoverd.agent.stacks import StackTarget, capture_stacks
+        except ImportError:
+            return ()
+        targets = []
+        for rank, slot in sorted(self.host.ranks().items()):
+            if slot.proc is None or not slot.is_running:
+                continue
+            handle = self._stack_handles.get(rank)
+            targets.append(
+                StackTarget(rank, slot.proc.pid, handle.signal if handle else None, handle.path if handle else None)
+            )
+        try:
+            return tuple(await capture_stacks(targets))
+        except Exception as err:  # stacks are a help; the hang is reported without them
+            self._warn_once("stacks", f"capturing the stacks of rank {hung_rank}'s node failed: {err!r}")
+            return ()
+
+    def _report_straggler(self, change: StragglerChange) -> None:
+        data = {
+            "ratio": f"{change.ratio:.2f}",
+            "seconds_per_step": f"{change.seconds_per_step:.4f}",
+            "peers_seconds_per_step": f"{change.peers_seconds_per_step:.4f}",
+        }
+        if change.slow:
+            message = (
+                f"rank {change.rank} is a straggler: {change.seconds_per_step:.3f}s per step,"
+                f" {change.ratio:.2f} x its peers' {change.peers_seconds_per_step:.3f}s"
+            )
+        else:
+            message = f"rank {change.rank} is no longer a straggler ({change.ratio:.2f} x its peers)"
+        self.host.note("straggler" if change.slow else "straggler_cleared", message, rank=change.rank, data=data)
+
+    # ------------------------------------------------------------ the job's policy and logs
+    def _apply_policy(self) -> None:
+        spec = self.host.spec()
+        policy = spec.policy.hang if spec is not None and spec.policy.HasField("hang") else None
+        if policy == self._policy and self._policy is not None:
+            return
+        self._policy = policy if policy is not None else pb.HangPolicy()
+        rules = HangRules.from_pb(policy)
+        self.tracker.rules = rules
+        self._pattern = None
+        if rules.log_pattern:
+            try:
+                self._pattern = re.compile(rules.log_pattern)
+            except re.error as err:  # the policy parser refuses these; a hand-written spec may not
+                self._warn_once("pattern", f"hang.log_pattern {rules.log_pattern!r} is not a regular expression: {err}")
+
+    async def _read_logs(self, pattern: re.Pattern[str]) -> None:
+        for rank, slot in list(self.host.ranks().items()):
+            proc = slot.proc
+            if proc is None or not slot.is_running:
+                continue
+            if not proc.log_path:
+                self._warn_once("nolog", "hang.log_pattern needs the ranks' output in files (--log-dir)")
+                continue
+            key = (rank, proc.pid)
+            offset = self._log_offsets.get(key, 0)
+            chunk, offset = await asyncio.to_thread(_read_new, proc.log_path, offset)
+            self._log_offsets[key] = offset
+            step: int | None = None
+            matched = False
+            for line in chunk.splitlines():
+                found = pattern.search(line[:_MAX_LINE])
+                if found is None:
+                    continue
+                matched = True
+                text = found.groupdict().get("step")
+                if text is not None and text.isdigit():
+                    step = int(text)
+            if matched:
+                # Without a step number each poll with a match is one step of progress.
+                self.tracker.progress(rank, proc.pid, step, time.monotonic())
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            self.host.note("detector_problem", f"hang detector: {message}")
+
+
+def _read_new(path: str, offset: int) -> tuple[str, int]:
+    """The text appended to ``path`` since ``offset`` (from the start if it was truncated)."""
+    try:
+        with open(path, "rb") as log_file:
+            size = os.fstat(log_file.fileno()).st_size
+            if size < offset:
+                offset = 0
+            log_file.seek(offset)
+            data = log_file.read(min(size - offset, 4 * 1024 * 1024))
+    except OSError:
+        return "", offset
+    cut = data.rfind(b"\n") + 1  # a line still being written is read next time, whole
+    return data[:cut].decode("utf-8", "replace"), offset + cut

@@ -3,7 +3,10 @@
 Each rank runs ``--steps`` steps of ``--step-time`` seconds and exits 0. It prints its identity
 (rank, pid, generation, restart count) at start so logs show who came back. ``--fail-rank R``
 makes rank R exit with code 3 at start on every attempt (a crash loop); ``--fail-once-rank R``
-makes it fail once, at step ``--fail-at``, on its first attempt only.
+makes it fail once, at step ``--fail-at``, on its first attempt only. ``--heartbeat`` reports each
+step to the agent (``taskd_client.heartbeat``); ``--hang-rank R`` makes rank R deadlock at step
+``--fail-at`` on its first attempt (hang detection tests); ``--slow-rank R`` makes its steps
+``--slow-factor`` times longer.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import time
 
 
@@ -33,7 +37,14 @@ def main() -> int:
     parser.add_argument("--fail-at", type=int, default=2)
     parser.add_argument("--spawn-daemon", action="store_true", help="leave a setsid() grandchild behind (tests)")
     parser.add_argument("--start-file", default=None, help="wait until this file exists before the first step (tests)")
+    parser.add_argument("--heartbeat", action="store_true", help="report each step to the agent (hang detection)")
+    parser.add_argument("--hang-rank", type=int, default=None, help="this rank deadlocks once, at --fail-at")
+    parser.add_argument("--slow-rank", type=int, default=None, help="this rank's steps take --slow-factor longer")
+    parser.add_argument("--slow-factor", type=float, default=5.0)
     args = parser.parse_args()
+    heartbeat = None
+    if args.heartbeat:
+        from taskd_client.progress import heartbeat
     rank = int(os.environ.get("RANK", "0"))
     restart = int(os.environ.get("RECOVERD_RESTART_COUNT", "0"))
     print(
@@ -52,8 +63,13 @@ def main() -> int:
         if args.fail_once_rank == rank and restart == 0 and step == args.fail_at:
             print(f"rank {rank}: failing at step {step} (--fail-once-rank)", file=sys.stderr, flush=True)
             return 3
-        time.sleep(args.step_time)
+        if args.hang_rank == rank and restart == 0 and step == args.fail_at:
+            print(f"rank {rank}: deadlocking at step {step} (--hang-rank)", file=sys.stderr, flush=True)
+            threading.Event().wait()
+        time.sleep(args.step_time * (args.slow_factor if args.slow_rank == rank else 1.0))
         print(f"rank {rank} step {step}", flush=True)
+        if heartbeat is not None:
+            heartbeat(step)
     print(f"rank {rank} done", flush=True)
     return 0
 

@@ -32,6 +32,7 @@ def fault_from_pb(msg: pb.Fault) -> FaultInfo:
         generation=msg.generation,
         detected_at=ts_to_s(msg.detected_at),
         detail=msg.detail,
+        kind=msg.kind,
     )
 
 
@@ -47,6 +48,7 @@ def fault_to_pb(fault: FaultInfo) -> pb.Fault:
         generation=fault.generation,
         detected_at=ts_from_s(fault.detected_at),
         detail=fault.detail,
+        kind=fault.kind,
     )
 
 

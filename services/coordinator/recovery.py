@@ -168,6 +168,8 @@ class FaultInfo:
     generation: int = 0
     detected_at: float = 0.0
     detail: str = ""
+    #: What was observed (the agent's detectors: exit, hang, reset, uce, ...); "" when unknown.
+    kind: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -207,7 +207,7 @@ class NodeAgent:
                 kind=found.kind.value,
                 source=pb.SOURCE_AGENT,
                 generation=slot.generation,
-                detected_at=ts_from_s(time.time()),
+                detected_at=ts_from_s(found.detected_at if found.detected_at is not None else time.time()),
                 detail=found.detail,
                 exit_code=found.exit_code,
                 signal=found.signal,

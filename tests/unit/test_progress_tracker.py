@@ -93,7 +93,9 @@ def test_a_rank_waiting_in_a_collective_is_given_longer_a_stopped_one_is_not() -
     tracker.progress(0, 100, 0, now=0.5, waiting=True)  # the victim: waits for a peer
     tracker.progress(2, 102, 0, now=0.5, waiting=True)  # waits too, but its process is stopped
     stopped = {102}
+    assert tracker.next_deadline(now=1.0) == 5.0  # rank 1's (and the stopped rank 2's) timeout
     hung = tracker.hangs(now=5.5, is_stopped=lambda pid: pid in stopped)
+    assert tracker.next_deadline(now=5.5) == 10.0  # the victim's longer one; no busy loop
     assert [(h.rank, h.waiting, h.stopped) for h in hung] == [(1, False, False), (2, True, True)]
     assert tracker.hangs(now=9.9) == []
     late = tracker.hangs(now=10.1)

@@ -100,6 +100,8 @@ class Detected:
     signal: int = 0
     stderr_tail: str = ""
     stacks: tuple[pb.RankStack, ...] = ()
+    #: When it was observed (wall clock); None: now. A hang is judged before its stacks are taken.
+    detected_at: float | None = None
 
 
 class DetectorHost(Protocol):

@@ -36,8 +36,8 @@ __all__ = ["HangDetector", "is_stopped"]
 
 log = logging.getLogger(__name__)
 
-#: How often silence is judged; a hang is found at most this late.
-JUDGE_EVERY_S = 0.1
+#: Longest sleep between judgements: the judge otherwise wakes exactly at the earliest deadline.
+JUDGE_AT_LEAST_EVERY_S = 0.5
 #: How often log files are read for the pattern, and stragglers are judged.
 SLOW_EVERY_S = 0.5
 #: Longest log line matched (a longer one is cut).
@@ -150,8 +150,12 @@ class HangDetector(Detector):
         )
 
     async def _judge(self) -> None:
+        """Judge at the earliest deadline (or every half second: reports move deadlines later)."""
         while True:
-            await asyncio.sleep(JUDGE_EVERY_S)
+            now = time.monotonic()
+            deadline = self.tracker.next_deadline(now)
+            wait = JUDGE_AT_LEAST_EVERY_S if deadline is None else deadline - now + 0.001
+            await asyncio.sleep(min(max(wait, 0.001), JUDGE_AT_LEAST_EVERY_S))
             self._apply_policy()
             for hang in self.tracker.hangs(time.monotonic(), is_stopped):
                 task = asyncio.create_task(self._report_hang(hang), name=f"hang-r{hang.rank}")
@@ -172,8 +176,11 @@ class HangDetector(Detector):
 
     # ------------------------------------------------------------ what is found
     async def _report_hang(self, hang: Hang) -> None:
+        judged_at = time.time()
         stacks = await self._stacks(hang.rank)
-        self.host.report(Detected(rank=hang.rank, kind=FaultKind.HANG, detail=hang.describe(), stacks=stacks))
+        self.host.report(
+            Detected(rank=hang.rank, kind=FaultKind.HANG, detail=hang.describe(), stacks=stacks, detected_at=judged_at)
+        )
 
     async def _stacks(self, hung_rank: int) -> tuple[pb.RankStack, ...]:
         """The Python stacks of the hung rank and of its node's running peers (best effort)."""

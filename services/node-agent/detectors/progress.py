@@ -7,9 +7,9 @@ log pattern is never called hung). Its timeout is
 * during **warm-up** (the first ``warmup_steps`` progress reports after it started, and again after
   each recovery of the job): ``startup_s``, or the learned timeout if longer — start-up, compiling
   and the first steps are slow;
-* afterwards, **fixed** (``timeout_s``) or **learned**: ``multiplier`` x the observed time between
-  progress reports (a high quantile of the recent ones, so a periodic slow step is not a hang),
-  and never less than ``floor_s``.
+* afterwards, **fixed** (``timeout_s``) or **learned**: ``multiplier`` x the longest recent time
+  between progress reports (so a periodic slow step seen lately is not a hang), and never less
+  than ``floor_s``. Warm-up intervals are not learned from.
 
 Progress is a step that changed (or, for a client that sends no step numbers, each report): a
 heartbeat thread that keeps reporting the same step is not progress. A rank that said it **waits
@@ -25,17 +25,18 @@ time between reports) stays at least ``straggler_ratio`` x the median of its pee
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from recoverd.records import pb
 
 __all__ = ["Hang", "HangRules", "ProgressTracker", "StragglerChange"]
 
-_INTERVALS_KEPT = 32
+#: Recent intervals kept: the timeout follows the longest of them, so a periodic long step (an
+#: evaluation, a checkpoint) seen within the last this-many steps is not taken for a hang.
+_INTERVALS_KEPT = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,11 +129,6 @@ class _Rank:
     is_straggler: bool = False
 
 
-def _high_quantile(values: Iterable[float]) -> float:
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)]
-
-
 class ProgressTracker:
     """What is known of the progress of one node's ranks."""
 
@@ -202,7 +198,7 @@ class ProgressTracker:
         if rules.timeout_s > 0:
             timeout, basis = rules.timeout_s, "fixed by the job's policy"
         elif state.intervals:
-            typical = _high_quantile(state.intervals)
+            typical = max(state.intervals)
             learned = rules.multiplier * typical
             if learned >= rules.floor_s:
                 timeout, basis = learned, f"{rules.multiplier:g} x the observed step time {typical:.2f}s"
@@ -213,6 +209,23 @@ class ProgressTracker:
         if state.reports_since_warmup <= rules.warmup_steps and rules.startup_s > timeout:
             timeout, basis = rules.startup_s, f"the start-up allowance, for the first {rules.warmup_steps} steps"
         return timeout, basis
+
+    def next_deadline(self, now: float) -> float | None:
+        """The earliest time after ``now`` a rank could be judged hung; None when nobody is judged.
+        (A rank waiting in a collective has two: its own timeout, when it is judged hung if its
+        process is stopped, and the longer one for a victim.)"""
+        if self._paused or not self.rules.enabled:
+            return None
+        deadlines = []
+        for rank, state in self._ranks.items():
+            judged = self.timeout(rank)
+            if judged is None or state.hang_reported or state.last_progress_at is None:
+                continue
+            deadline = state.last_progress_at + judged[0]
+            if state.waiting and deadline < now:
+                deadline = state.last_progress_at + judged[0] * self.rules.victim_factor
+            deadlines.append(deadline)
+        return min(deadlines, default=None)
 
     def hangs(self, now: float, is_stopped: Callable[[int], bool] = lambda pid: False) -> list[Hang]:
         """Ranks silent for longer than their timeout, each incarnation reported once (until it

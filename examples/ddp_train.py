@@ -25,6 +25,7 @@ import argparse
 import hashlib
 import os
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -91,6 +92,7 @@ def run_recoverd(args: argparse.Namespace) -> int:
         model,
         optimizer,
         load_state=lambda: load_checkpoint(ckpt),
+        timeout=timedelta(seconds=args.collective_timeout or 60.0),
         on_event=lambda text: print(f"{text} (at {time.time():.6f})", flush=True),
     )
     injected = int(os.environ.get("RECOVERD_RESTART_COUNT", "0")) > 0
@@ -116,12 +118,17 @@ def run_torchrun(args: argparse.Namespace) -> int:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
+    from taskd_client import heartbeat
+
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    tcp = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+    # Under torchrun its agent hosts the store; under a recoverd agent (plain torch.distributed, no
+    # recoverd client but heartbeat) rank 0 does.
+    hosts_store = rank == 0 and "RECOVERD_RUN" in os.environ
+    tcp = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=hosts_store,
                         timeout=timedelta(seconds=30))  # fmt: skip
     dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt{attempt}", tcp), rank=rank, world_size=world,
-                            timeout=timedelta(seconds=10))  # fmt: skip
+                            timeout=timedelta(seconds=args.collective_timeout or 10.0))  # fmt: skip
     model = make_model(args.seed)
     optimizer = make_optimizer(model)
     ckpt = Path(args.ckpt_dir) / "checkpoint.pt" if args.ckpt_dir else None
@@ -134,12 +141,16 @@ def run_torchrun(args: argparse.Namespace) -> int:
     ddp = DistributedDataParallel(model)
     loss_fn = nn.CrossEntropyLoss()
     for step in range(start, args.steps):
+        if step == args.hang_at_step and rank == args.hang_rank and attempt == "0":
+            print(f"rank {rank}: deadlocking at step {step} (--hang-rank)", flush=True)
+            threading.Event().wait()  # its peers block in the step's all-reduce, for good
         time.sleep(args.step_sleep)  # stands for compute, before the all-reduce (as in run_recoverd)
         optimizer.zero_grad()
         x, y = batch(args.seed, step, rank, args.batch)
         loss_fn(ddp(x), y).backward()  # DDP all-reduces the gradients here
         optimizer.step()
         done(rank, step)
+        heartbeat(step)  # hang detection under a recoverd agent; nothing otherwise
         if ckpt is not None and rank == 0 and args.ckpt_every and (step + 1) % args.ckpt_every == 0:
             save_checkpoint(ckpt, step + 1, {"model": model.state_dict(), "optimizer": optimizer.state_dict()})
     print(f"rank {rank} final sha256 {params_sha256(model)}", flush=True)
@@ -159,6 +170,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     parser.add_argument("--retry-at-step", type=int, default=-1, help="raise a RetryableFault at this step ...")
     parser.add_argument("--retry-rank", type=int, default=-1, help="... in this rank (once)")
+    parser.add_argument(
+        "--collective-timeout", type=float, default=None, help="gloo's timeout in seconds (recoverd: 60, torchrun: 10)"
+    )
+    parser.add_argument("--hang-at-step", type=int, default=-1, help="deadlock at this step (torchrun mode) ...")
+    parser.add_argument("--hang-rank", type=int, default=-1, help="... in this rank, on its first attempt")
     return parser.parse_args(argv)
 
 

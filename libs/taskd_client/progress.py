@@ -50,6 +50,8 @@ class ProgressReporter:
         self._stack: tuple[int, str] | None = None
         self._armed = False
         self._lock = threading.Lock()
+        #: Work reported by calls whose report was not sent (rate limit): added to the next one.
+        self._busy_unsent: float | None = None
         #: Reports that could not be sent (no agent listening, its buffer full).
         self.failed = 0
 
@@ -62,10 +64,13 @@ class ProgressReporter:
         seconds of this rank's own work since the last report, not counting collective waits)."""
         if not self.enabled:
             return
+        if busy_s is not None:
+            self._busy_unsent = (self._busy_unsent or 0.0) + busy_s
         now = time.monotonic()
         if now - self._last_sent < self.min_interval_s:
             return
-        self._send({"step": step, "busy": busy_s}, now)
+        if self._send({"step": step, "busy": self._busy_unsent}, now):
+            self._busy_unsent = None
 
     def waiting(self, step: int | None = None) -> None:
         """This rank has been waiting in a collective for a while: if it hangs, it is likelier the
@@ -73,7 +78,7 @@ class ProgressReporter:
         if self.enabled:
             self._send({"step": step, "wait": 1}, time.monotonic())
 
-    def _send(self, fields: dict[str, object], now: float) -> None:
+    def _send(self, fields: dict[str, object], now: float) -> bool:
         with self._lock:
             self._arm()
             message = {"v": 1, "rank": self.rank, **{k: v for k, v in fields.items() if v is not None}}
@@ -85,8 +90,10 @@ class ProgressReporter:
                     self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
                 self._sock.sendto(json.dumps(message, separators=(",", ":")).encode(), address)
                 self._last_sent = now
+                return True
             except OSError:
                 self.failed += 1  # no agent (yet), or its buffer is full: the next report tries again
+                return False
 
     def _arm(self) -> None:
         if self._armed:

@@ -31,12 +31,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from taskd_client import progress
 from taskd_client.pytorch.store import EtcdStore, GenerationAborted
 
 __all__ = ["GroupFailed", "ResilientGroup"]
 
 ABORT_CHECK_S = 0.005
 POLL_MAX_S = 0.001
+#: A collective pending this long is told to the agent's hang detector (once per collective).
+WAITING_REPORT_S = 0.5
 #: How often a rank connecting a new generation checks whether it was aborted.
 CONNECT_CHECK_S = 0.01
 #: A parked group is dropped this long after its timeout (its thread has unwound by then).
@@ -124,6 +127,9 @@ class ResilientGroup:
         ``deadline`` (time.monotonic()): raise GroupFailed instead of trying another generation."""
         if self._current is not None:
             self.abort("re-forming")
+        # Forming waits for every peer (a replacement may still be importing torch): if this rank
+        # is found hung meanwhile, it is the peers' victim, not the culprit.
+        progress.waiting()
         while True:
             if deadline is not None and time.monotonic() > deadline:
                 raise GroupFailed("no generation could be formed before the deadline")
@@ -188,10 +194,16 @@ class ResilientGroup:
 
     def _wait(self, work: dist.Work, what: str) -> None:
         number = self.generation
-        next_check = time.monotonic() + ABORT_CHECK_S
+        started = time.monotonic()
+        next_check = started + ABORT_CHECK_S
+        said_waiting = False
         delay = 0.0001
         while not work.is_completed():
             now = time.monotonic()
+            if not said_waiting and now - started >= WAITING_REPORT_S:
+                # If this rank is found hung now, it is likelier a peer's victim than the culprit.
+                progress.waiting()
+                said_waiting = True
             if now >= next_check:
                 # An etcd hiccup is "don't know": keep polling the collective itself.
                 if self.store.check_or_none([f"g{number}/abort"]):

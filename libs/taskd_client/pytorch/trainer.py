@@ -47,6 +47,7 @@ import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from recoverd.keys import Keyspace, RunRef
+from taskd_client import progress
 from taskd_client.pytorch.group import GroupFailed, ResilientGroup
 from taskd_client.pytorch.store import EtcdStore
 
@@ -139,6 +140,7 @@ class ResilientTrainer:
         #: The model's buffers at the start of the current step (a forward pass may change them).
         self._buffers: dict[str, torch.Tensor] = {}
         self._applied = False
+        self._step_started = time.monotonic()
         self.recoveries = 0
         loaded = load_state() if load_state else None
         if loaded is not None:
@@ -156,6 +158,7 @@ class ResilientTrainer:
                 self._applied = False
                 recoveries = self.recoveries
                 self._buffers = {name: b.detach().clone() for name, b in self.model.named_buffers()}
+                self._step_started = time.monotonic()
                 yield self.step
                 if not self._applied and self.recoveries == recoveries:
                     raise RuntimeError("call trainer.apply() once in every step")
@@ -185,6 +188,7 @@ class ResilientTrainer:
     def apply(self) -> bool:
         """Average the gradients over every rank, then step the optimizer. False when a peer's
         failure interrupted the step: the group was re-formed and ``steps`` yields the agreed step."""
+        busy_s = time.monotonic() - self._step_started  # this rank's own work, before the all-reduce
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         flat = _flatten_dense_tensors(grads)
         try:
@@ -199,6 +203,8 @@ class ResilientTrainer:
         self.optimizer.step()
         self.step += 1
         self._applied = True
+        # Hang and straggler detection: one datagram to the local agent, rate-limited, never blocking.
+        progress.heartbeat(self.step, busy_s=busy_s)
         return True
 
     def state(self) -> dict[str, Any]:

@@ -1,0 +1,113 @@
+"""Hangs of real PyTorch jobs (gloo, 4 ranks on the CPU), detected from progress, recovered by the
+ladder.
+
+* With recoverd's trainer (examples/ddp_train.py): rank 2 is SIGSTOPped while its peers block in
+  the step's all-reduce (gloo's timeout is an hour: they would wait "forever"). The trainer reports
+  progress and, from the peers, that they wait in a collective: only rank 2 is a fault (stopped);
+  the peers keep their processes and every rank ends with bitwise the same parameters.
+* Plain torch.distributed + DDP with one ``taskd_client.heartbeat(step)`` per step: rank 1
+  deadlocks, its peers block in DDP's all-reduce forever; they cannot say they wait, so all four
+  are hangs, restarted in place, and the job finishes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from recoverd.records import pb
+
+from . import cluster as harness
+from .cluster import ROOT, Cluster
+
+pytest.importorskip("torch", reason="PyTorch is not installed (pip install -r requirements-torch.txt)")
+
+pytestmark = pytest.mark.etcd
+
+DDP = str(ROOT / "examples" / "ddp_train.py")
+POLICY = """
+strategies: [recover-in-place, exit]
+hang:
+  startup: 20
+  warmup_steps: 2
+"""
+
+
+@pytest.fixture(autouse=True)
+def _ddp_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(harness, "WORKER", DDP)
+
+
+def _log(cluster: Cluster, job: str, rank: int) -> str:
+    path = Path(cluster.workdir) / f"logs-{job}-node0" / f"rank{rank}.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _policy(tmp_path: Path) -> str:
+    path = tmp_path / "policy.yaml"
+    path.write_text(POLICY)
+    return str(path)
+
+
+def _done_recovery(cluster: Cluster, job: str) -> pb.Recovery:
+    def done() -> pb.Recovery | None:
+        rec = cluster.view(job).recovery
+        return rec if rec is not None and rec.phase == pb.PHASE_DONE else None
+
+    return cluster.wait_for("the hang's recovery to finish", done, timeout=90)
+
+
+def test_a_sigstopped_rank_blocks_its_peers_in_all_reduce_only_it_is_recovered(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    job = "torch-stop"
+    cluster.coordinator()
+    cluster.strategy()
+    worker = ("--steps", "400", "--step-sleep", "0.02", "--seed", "3", "--collective-timeout", "3600")
+    cluster.agent(job, nproc=4, worker=worker, extra=["--policy", _policy(tmp_path)])
+    before = cluster.wait_running(job, 4, timeout=60)
+    cluster.wait_for("rank 2 past warm-up", lambda: re.search(r"^rank 2 step 30 done", _log(cluster, job, 2), re.M))
+
+    stopped_at = time.time()
+    os.kill(before[2].pid, signal.SIGSTOP)
+    recovery = _done_recovery(cluster, job)
+
+    assert [(f.rank, f.kind) for f in recovery.faults] == [(2, "hang")]
+    assert "(process stopped)" in recovery.faults[0].detail
+    print(f"SIGSTOP -> hang: {recovery.faults[0].detected_at.ToNanoseconds() / 1e9 - stopped_at:.2f}s")
+    assert cluster.wait_exit("agent-node0", timeout=180) == 0, cluster.logs()
+    finals = {r: re.search(rf"^rank {r} final sha256 (\w+)", _log(cluster, job, r), re.M) for r in range(4)}
+    assert all(finals.values()), finals
+    assert len({m.group(1) for m in finals.values() if m}) == 1  # bitwise the same everywhere
+    after = cluster.ranks(job)
+    for rank in (0, 1, 3):  # the victims kept their processes: they waited in a collective
+        assert after[rank].pid == before[rank].pid and after[rank].restart_count == 0
+    assert after[2].restart_count == 1
+
+
+def test_plain_ddp_with_a_heartbeat_a_deadlocked_rank_and_its_blocked_peers_are_restarted(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    job = "torch-plain"
+    cluster.coordinator()
+    cluster.strategy()
+    worker = (
+        "--launcher", "torchrun", "--steps", "150", "--step-sleep", "0.02", "--collective-timeout", "3600",
+        "--hang-rank", "1", "--hang-at-step", "40",
+    )  # fmt: skip
+    cluster.agent(job, nproc=4, worker=worker, extra=["--policy", _policy(tmp_path), "--master-addr", "127.0.0.1"])
+    before = cluster.wait_running(job, 4, timeout=60)
+    cluster.wait_for("rank 1 to deadlock", lambda: "deadlocking at step 40" in _log(cluster, job, 1), timeout=60)
+
+    recovery = _done_recovery(cluster, job)
+    assert {f.kind for f in recovery.faults} == {"hang"}
+    assert 1 in {f.rank for f in recovery.faults}
+    assert cluster.wait_exit("agent-node0", timeout=180) == 0, cluster.logs()
+    after = cluster.ranks(job)
+    assert after[1].pid != before[1].pid
+    assert all(re.search(rf"^rank {r} final sha256", _log(cluster, job, r), re.M) for r in range(4))

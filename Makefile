@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_STAMP := $(VENV)/.torch-installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv torch demo-torch bench proto demo test test-unit chaos lint format typecheck clean fresh-clone-test msrun-venv test-msrun
+.PHONY: all venv torch demo-torch bench bench-hangs proto demo test test-unit chaos lint format typecheck clean fresh-clone-test msrun-venv test-msrun
 
 all: test
 
@@ -47,6 +47,10 @@ BENCH_ARGS ?=
 bench: $(TORCH_STAMP)
 	$(PY) -m pip install --quiet -r requirements-bench.txt
 	$(PY) bench/bench.py $(BENCH_ARGS)
+
+## Hang detection: SIGSTOP of a rank -> its hang fault, 0.1 s and 2.5 s steps (~3 min; bench/results/hangs.*).
+bench-hangs: $(STAMP)
+	$(PY) bench/hangs.py $(BENCH_ARGS)
 
 ## Lint, type-check, then every test (unit and end-to-end against a throwaway etcd).
 test: $(STAMP) $(TORCH_STAMP) lint typecheck

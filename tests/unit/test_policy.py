@@ -52,6 +52,25 @@ def test_show_output_round_trips() -> None:
     assert policy_dict(again) == policy_dict(stored)
 
 
+def test_the_hang_section_is_stored_and_shown_back() -> None:
+    text = (
+        "hang: {timeout: 0, floor: 2, startup: 30, warmup_steps: 5, log_pattern: 'step (?P<step>\\d+)', enabled: false}"
+    )
+    stored = parse_policy(text).to_pb()
+    assert (stored.hang.floor_s, stored.hang.startup_s, stored.hang.warmup_steps) == (2.0, 30.0, 5)
+    assert stored.hang.timeout_s == 0 and stored.hang.HasField("enabled") and not stored.hang.enabled
+    assert stored.hang.log_pattern == "step (?P<step>\\d+)"
+    shown = policy_dict(stored)["hang"]
+    assert shown == {
+        "enabled": False,
+        "floor": 2.0,
+        "startup": 30.0,
+        "warmup_steps": 5,
+        "log_pattern": "step (?P<step>\\d+)",
+    }
+    assert policy_dict(parse_policy("{}").to_pb())["hang"] == {}
+
+
 def test_empty_mapping_and_base() -> None:
     base = pb.Policy(strategies=["recover-in-place"], max_rank_restarts=7, max_job_restarts=4, restart_window_s=60)
     stored = parse_policy("{}").to_pb(base)
@@ -98,6 +117,17 @@ BAD = [
     ("spares: [n1, n1]", "spares: 'n1' is not valid; each node may be listed once"),
     ("allow_rank0_in_place: maybe", "allow_rank0_in_place: 'maybe' is not valid; expected true or false"),
     ("allow_rank0_in_place: 1", "allow_rank0_in_place: 1 is not valid"),
+    ("hang: 5", "hang: 5 is not valid; expected a mapping"),
+    ("hang: {timeout: -1}", "hang.timeout: -1 is not valid; expected a positive number of seconds"),
+    ("hang: {floor: 0}", "hang.floor: 0 is not valid"),
+    ("hang: {multiplier: 0.5}", "hang.multiplier: 0.5 is not valid; expected a number of at least 1"),
+    ("hang: {straggler_ratio: 1}", "hang.straggler_ratio: 1 is not valid; expected a number above 1"),
+    ("hang: {warmup_steps: 0}", "hang.warmup_steps: 0 is not valid; expected an integer from 1 to 10000"),
+    ("hang: {enabled: yes please}", "hang.enabled: 'yes please' is not valid; expected true or false"),
+    ("hang: {log_pattern: '(unclosed'}", "hang.log_pattern: '(unclosed' is not valid; not a regular expression"),
+    ("hang: {log_pattern: '(?P<n>x)(?P<step>y)'}", "the only named group allowed is (?P<step>...)"),
+    ("hang: {log_pattern: ''}", "hang.log_pattern: '' is not valid"),
+    ("hang: {patience: 3}", "unknown key hang.'patience'; allowed: enabled, timeout"),
 ]
 
 

@@ -68,10 +68,10 @@ def test_a_sigstopped_rank_blocks_its_peers_in_all_reduce_only_it_is_recovered(
     job = "torch-stop"
     cluster.coordinator()
     cluster.strategy()
-    worker = ("--steps", "400", "--step-sleep", "0.02", "--seed", "3", "--collective-timeout", "3600")
+    worker = ("--steps", "100", "--step-sleep", "0.02", "--seed", "3", "--collective-timeout", "3600")
     cluster.agent(job, nproc=4, worker=worker, extra=["--policy", _policy(tmp_path)])
     before = cluster.wait_running(job, 4, timeout=60)
-    cluster.wait_for("rank 2 past warm-up", lambda: re.search(r"^rank 2 step 30 done", _log(cluster, job, 2), re.M))
+    cluster.wait_for("rank 2 past warm-up", lambda: re.search(r"^rank 2 step 20 done", _log(cluster, job, 2), re.M))
 
     stopped_at = time.time()
     os.kill(before[2].pid, signal.SIGSTOP)
@@ -97,12 +97,12 @@ def test_plain_ddp_with_a_heartbeat_a_deadlocked_rank_and_its_blocked_peers_are_
     cluster.coordinator()
     cluster.strategy()
     worker = (
-        "--launcher", "torchrun", "--steps", "150", "--step-sleep", "0.02", "--collective-timeout", "3600",
-        "--hang-rank", "1", "--hang-at-step", "40",
+        "--launcher", "torchrun", "--steps", "60", "--step-sleep", "0.02", "--collective-timeout", "3600",
+        "--hang-rank", "1", "--hang-at-step", "20",
     )  # fmt: skip
     cluster.agent(job, nproc=4, worker=worker, extra=["--policy", _policy(tmp_path), "--master-addr", "127.0.0.1"])
     before = cluster.wait_running(job, 4, timeout=60)
-    cluster.wait_for("rank 1 to deadlock", lambda: "deadlocking at step 40" in _log(cluster, job, 1), timeout=60)
+    cluster.wait_for("rank 1 to deadlock", lambda: "deadlocking at step 20" in _log(cluster, job, 1), timeout=60)
 
     recovery = _done_recovery(cluster, job)
     assert {f.kind for f in recovery.faults} == {"hang"}

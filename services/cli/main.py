@@ -35,6 +35,7 @@ from collections.abc import Sequence
 
 from recoverd import __version__
 from recoverd.agent.agent import AgentSettings, NodeAgent, become_subreaper
+from recoverd.agent.settings import NVML_HELP, NVML_MODES
 from recoverd.argtypes import lease_ttl, non_negative, positive
 from recoverd.coordinator.reconciler import Coordinator, CoordinatorSettings
 from recoverd.coordinator.recovery import Timeouts
@@ -168,6 +169,7 @@ def _add_job(parser: argparse.ArgumentParser, *, job_required: bool) -> None:
         "--reset-json", default=None, help="a device plugin's reset.json to turn into faults (watched, never written)"
     )
     parser.add_argument("--reset-json-mirror", default=None, help="write recoverd's state here in reset.json form")
+    parser.add_argument("--nvml", choices=NVML_MODES, default="auto", help=NVML_HELP)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
 
@@ -283,6 +285,7 @@ def _agent_settings(args: argparse.Namespace, etcd: str, job: str, nnodes: int, 
         stop_grace_s=args.stop_grace,
         reset_json=args.reset_json,
         reset_json_mirror=args.reset_json_mirror,
+        nvml=args.nvml,
         spare=bool(getattr(args, "spare", False)),
         warm_spares=args.warm_spares,
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from recoverd.agent.detectors.base import Detected, Detector, DetectorHost, FaultKind, fault_id, mindcluster_fault_type
 from recoverd.agent.detectors.exits import ExitDetector
+from recoverd.agent.detectors.nvml import NvmlDetector
 from recoverd.agent.detectors.reset_json import ResetJsonDetector
 
 __all__ = [
@@ -18,9 +19,10 @@ __all__ = [
     "DetectorHost",
     "ExitDetector",
     "FaultKind",
+    "NvmlDetector",
     "fault_id",
     "mindcluster_fault_type",
 ]
 
 #: Every detector the agent knows, in the order they are started.
-DETECTORS: tuple[type[Detector], ...] = (ExitDetector, ResetJsonDetector)
+DETECTORS: tuple[type[Detector], ...] = (ExitDetector, ResetJsonDetector, NvmlDetector)

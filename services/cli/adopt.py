@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from recoverd.agent.adopt import AdoptRuntime, Captured, capture
 from recoverd.agent.agent import EXIT_SIGINT, AgentSettings, NodeAgent, become_subreaper
 from recoverd.agent.runtime import OnExit
+from recoverd.agent.settings import NVML_HELP, NVML_MODES
 from recoverd.argtypes import lease_ttl
 from recoverd.errors import ConfigError, RecoverdError
 from recoverd.keys import DEFAULT_PREFIX, Keyspace, check_id
@@ -93,6 +94,7 @@ def build_parser(prog: str = "recoverd adopt") -> argparse.ArgumentParser:
     )
     parser.add_argument("--agent-lease-ttl", type=lease_ttl, default=5, help="whole seconds, at least 1")
     parser.add_argument("--reset-json", default=None, help="a device plugin's reset.json to turn into faults")
+    parser.add_argument("--nvml", choices=NVML_MODES, default="auto", help=NVML_HELP)
     parser.add_argument("--log-level", default=os.environ.get("RECOVERD_LOG_LEVEL", "INFO"))
     return parser
 
@@ -129,6 +131,7 @@ def settings_for(args: argparse.Namespace, captured: Sequence[Captured]) -> Agen
         stop_grace_s=0.0 if args.mode == "common" else args.time,
         exit_signals={signal.SIGTERM: 0, signal.SIGINT: EXIT_SIGINT, signal.SIGUSR2: 1},
         reset_json=args.reset_json,
+        nvml=args.nvml,
     )
 
 

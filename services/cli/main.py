@@ -35,6 +35,7 @@ from collections.abc import Sequence
 
 from recoverd import __version__
 from recoverd.agent.agent import AgentSettings, NodeAgent, become_subreaper
+from recoverd.agent.settings import NVML_HELP, NVML_MODES
 from recoverd.argtypes import lease_ttl, non_negative, positive
 from recoverd.coordinator.reconciler import Coordinator, CoordinatorSettings
 from recoverd.coordinator.recovery import Timeouts
@@ -173,6 +174,7 @@ def _add_job(parser: argparse.ArgumentParser, *, job_required: bool) -> None:
         action="store_true",
         help="do not listen for the ranks' progress reports (no hang or straggler detection; docs/detectors.md)",
     )
+    parser.add_argument("--nvml", choices=NVML_MODES, default="auto", help=NVML_HELP)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
 
@@ -288,6 +290,7 @@ def _agent_settings(args: argparse.Namespace, etcd: str, job: str, nnodes: int, 
         stop_grace_s=args.stop_grace,
         reset_json=args.reset_json,
         reset_json_mirror=args.reset_json_mirror,
+        nvml=args.nvml,
         spare=bool(getattr(args, "spare", False)),
         warm_spares=args.warm_spares,
         hang_detection=not args.no_hang_detection,

@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from recoverd import events, participants, resetjson
 from recoverd.agent import resetfile
-from recoverd.agent.detectors import DETECTORS, Detected, ExitDetector, fault_id, mindcluster_fault_type
+from recoverd.agent.detectors import DETECTORS, Detected, Detector, ExitDetector, fault_id, mindcluster_fault_type
 from recoverd.agent.detectors.progress_socket import address_for
 from recoverd.agent.detectors.runner import DetectorSet
 from recoverd.agent.launcher import (
@@ -120,6 +120,7 @@ class NodeAgent:
         settings: AgentSettings,
         protected_pids: Callable[[], set[int]] = set,
         runtime: RuntimeFactory = Launcher,
+        detectors: Sequence[type[Detector]] = DETECTORS,
     ) -> None:
         self.store = store
         self.keys = keys
@@ -164,7 +165,7 @@ class NodeAgent:
         #: Whether the job's recovery was in progress at the last reconcile (told to the detectors).
         self._recovery_active = False
         resetfile.check_paths(settings.reset_json, settings.reset_json_mirror)
-        self.detectors = DetectorSet(self, settings, DETECTORS)
+        self.detectors = DetectorSet(self, settings, detectors)
         exits = self.detectors.get(ExitDetector)
         assert exits is not None, "the exit detector is always registered"
         self._exits = exits

@@ -125,6 +125,7 @@ def settings_from_env(environ: Mapping[str, str], layout: MsrunLayout) -> AgentS
         stop_grace_s=_seconds(environ, "RECOVERD_STOP_GRACE_S", 5.0),
         reset_json=environ.get("RECOVERD_RESET_JSON") or None,
         reset_json_mirror=environ.get("RECOVERD_RESET_JSON_MIRROR") or None,
+        nvml=environ.get("RECOVERD_NVML") or "auto",
     )
 
 

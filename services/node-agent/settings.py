@@ -18,13 +18,30 @@ from recoverd.records import pb
 from recoverd.store import check_lease_ttl
 from recoverd.strategies import TRAITS
 
-__all__ = ["EXIT_FAILED", "EXIT_REFUSED", "EXIT_SIGINT", "EXIT_SIGTERM", "EXIT_SUCCEEDED", "AgentSettings"]
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_REFUSED",
+    "EXIT_SIGINT",
+    "EXIT_SIGTERM",
+    "EXIT_SUCCEEDED",
+    "NVML_HELP",
+    "NVML_MODES",
+    "AgentSettings",
+]
 
 EXIT_SUCCEEDED = 0
 EXIT_FAILED = 1
 EXIT_REFUSED = 2
 EXIT_SIGTERM = 143
 EXIT_SIGINT = 130
+#: ``--nvml``'s values and help (``recoverd run``/``agent``/``adopt``; the msrun plugin reads
+#: ``RECOVERD_NVML``), docs/detectors.md.
+NVML_MODES = ("auto", "on", "off")
+NVML_HELP = (
+    "GPU faults from NVML (XID errors, uncorrectable ECC, a GPU gone from the bus) for the rank on each GPU"
+    " (its local rank, through CUDA_VISIBLE_DEVICES): auto = where nvidia-ml-py imports and NVML starts;"
+    " on = also record an event where it cannot; off (default %(default)s; docs/detectors.md)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +78,9 @@ class AgentSettings:
     reset_json: str | None = None
     #: Where to mirror recoverd's state in reset.json form, for tools that read it.
     reset_json_mirror: str | None = None
+    #: The NVML detector (XID errors, uncorrectable ECC, a GPU gone from the bus): "auto" runs it
+    #: where nvidia-ml-py imports and NVML starts, "on" records an event where it cannot, "off".
+    nvml: str = "auto"
     #: Signals that end the agent, and its exit code for each (ranks are stopped first).
     exit_signals: Mapping[int, int] = field(
         default_factory=lambda: {signal.SIGTERM: EXIT_SIGTERM, signal.SIGINT: EXIT_SIGINT}
@@ -92,6 +112,8 @@ class AgentSettings:
         check_lease_ttl(self.lease_ttl_s)
         if self.stop_grace_s < 0 or self.warm_spares < 0:
             raise ConfigError("stop grace and warm spares must not be negative")
+        if self.nvml not in NVML_MODES:
+            raise ConfigError(f"nvml {self.nvml!r}: choose one of {', '.join(NVML_MODES)}")
 
     @property
     def world_size(self) -> int:

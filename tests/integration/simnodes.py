@@ -16,10 +16,11 @@ import itertools
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
 from recoverd.agent.agent import AgentSettings, NodeAgent
+from recoverd.agent.detectors import DETECTORS, Detector
 from recoverd.agent.launcher import ExitInfo, RankLaunch, RankProcess
 from recoverd.keys import Keyspace
 from recoverd.store import Store
@@ -78,10 +79,24 @@ class SimRuntime:
 
 
 class SimNodes:
-    """``nodes`` simulated agents of one job, ``nproc`` ranks each, on a background event loop."""
+    """``nodes`` simulated agents of one job, ``nproc`` ranks each, on a background event loop.
 
-    def __init__(self, endpoint: str, prefix: str, job: str, nodes: int, nproc: int, strategies: tuple[str, ...]):
+    ``detectors`` is the agents' detector registry: the real one, or one with a detector bound to
+    a stand-in library (e.g. ``NvmlDetector.with_library(...)``).
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        prefix: str,
+        job: str,
+        nodes: int,
+        nproc: int,
+        strategies: tuple[str, ...],
+        detectors: Sequence[type[Detector]] = DETECTORS,
+    ):
         self.endpoint = endpoint
+        self.detectors = detectors
         self.keys = Keyspace(prefix)
         self.job = job
         self.nodes = nodes
@@ -132,7 +147,7 @@ class SimNodes:
             return sim
 
         async with Store(self.endpoint, op_timeout_s=10.0) as store:
-            agent = NodeAgent(store, self.keys, settings, runtime=runtime)
+            agent = NodeAgent(store, self.keys, settings, runtime=runtime, detectors=self.detectors)
             self.exit_codes[node] = await agent.run()
 
     def crash(self, rank: int) -> int:

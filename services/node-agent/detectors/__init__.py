@@ -10,6 +10,7 @@ from __future__ import annotations
 from recoverd.agent.detectors.base import Detected, Detector, DetectorHost, FaultKind, fault_id, mindcluster_fault_type
 from recoverd.agent.detectors.exits import ExitDetector
 from recoverd.agent.detectors.hang import HangDetector
+from recoverd.agent.detectors.nvml import NvmlDetector
 from recoverd.agent.detectors.reset_json import ResetJsonDetector
 
 __all__ = [
@@ -20,9 +21,10 @@ __all__ = [
     "ExitDetector",
     "FaultKind",
     "HangDetector",
+    "NvmlDetector",
     "fault_id",
     "mindcluster_fault_type",
 ]
 
 #: Every detector the agent knows, in the order they are started.
-DETECTORS: tuple[type[Detector], ...] = (ExitDetector, ResetJsonDetector, HangDetector)
+DETECTORS: tuple[type[Detector], ...] = (ExitDetector, ResetJsonDetector, HangDetector, NvmlDetector)

@@ -37,6 +37,7 @@ __all__ = [
     "HangStacks",
     "bounded",
     "event_data",
+    "event_message",
     "from_event",
     "stored_size",
 ]
@@ -106,6 +107,11 @@ def bounded(
     return out
 
 
+def event_message(fault: pb.Fault, stacks: Sequence[pb.RankStack]) -> str:
+    """The event's one line: ``stacks at rank 2's hang: 3 ranks in all_reduce (0, 1, 3); rank 2 in Event.wait``."""
+    return f"stacks at rank {fault.rank}'s {fault.kind or 'fault'}: {stackgroups.summary(stacks)}"
+
+
 def event_data(fault: pb.Fault, recovery_id: int, stacks: Sequence[pb.RankStack]) -> dict[str, str]:
     """The ``data`` of the ``hang_stacks`` event for ``fault`` (``stacks`` already :func:`bounded`)."""
     return {
@@ -143,6 +149,8 @@ def from_event(event: pb.Event) -> HangStacks | None:
         for item in items:
             stack = pb.RankStack()
             json_format.ParseDict(item, stack, ignore_unknown_fields=True)
+            if stack.text and not stack.where:
+                stack.where = stackgroups.where(stack.text)
             stacks.append(stack)
         recovery = int(data.get("recovery", "0") or 0)
     except (ValueError, TypeError, AttributeError, json_format.ParseError, RecursionError):

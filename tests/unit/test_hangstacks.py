@@ -91,3 +91,11 @@ def test_from_event_skips_what_it_cannot_read() -> None:
     empty = pb.Event(reason=hangstacks.REASON)
     read = from_event(empty)
     assert read is not None and read.stacks == () and read.recovery == 0
+
+
+def test_from_event_fills_in_where_from_the_text() -> None:
+    text = (FIXTURES / "thread_join.faulthandler.txt").read_text()
+    event = pb.Event(reason=hangstacks.REASON)
+    event.data.update(event_data(pb.Fault(rank=0), 1, [pb.RankStack(rank=0, text=text)]))
+    read = from_event(event)
+    assert read is not None and read.stacks[0].where == "Thread.join" and read.summary == "rank 0 in Thread.join"

@@ -11,11 +11,11 @@ For each target, in parallel, under one deadline:
    ``kernel.yama.ptrace_scope=0``); a refusal is recorded as such.
 2. Else, or when py-spy failed, **faulthandler**, but only for a process whose client armed it
    (``taskd_client.stackdump.arm`` gave the agent the signal and the dump file): the agent checks
-   that the process holds that file open (``/proc/PID/fd``: it is the process that armed it, not
-   a stranger that got its pid), truncates the file, sends the signal and reads the file once it
-   stops growing. A process that did not arm faulthandler is **never** signalled: the default
-   action of SIGUSR2 kills. A stopped process (state ``T``) cannot run its handler until it is
-   continued: that is recorded at once instead of waited for.
+   that the process holds that file open for appending (``/proc/PID/fd``: it is the process that
+   armed it, not a stranger that got its pid), truncates the file through that descriptor, sends
+   the signal and reads the file once it stops growing. A process that did not arm faulthandler
+   is **never** signalled: the default action of SIGUSR2 kills. A stopped process (state ``T``)
+   cannot run its handler until it is continued: that is recorded at once instead of waited for.
 
 Nothing here raises for a target: every failure becomes the stack's ``error``. No process is
 stopped, continued or killed. Waiting for the dump to stop growing is a short poll of the file's
@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -168,19 +169,22 @@ async def _py_spy(tool: str, pid: int, deadline: float, timeout_s: float) -> tup
         left = deadline - loop.time()
         if left <= 0:
             break
-        proc = await asyncio.create_subprocess_exec(
-            tool,
-            "dump",
-            "--nonblocking",
-            "--pid",
-            str(pid),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                tool,
+                "dump",
+                "--nonblocking",
+                "--pid",
+                str(pid),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        except OSError as spawn_error:
+            return "", f"py-spy: cannot run {tool}: {spawn_error.strerror or spawn_error}"
         try:
             async with asyncio.timeout(left):
-                out, err = await proc.communicate()
+                out, stderr = await proc.communicate()
         except TimeoutError:
             return "", f"py-spy: no answer within {timeout_s:g}s"
         finally:
@@ -191,7 +195,7 @@ async def _py_spy(tool: str, pid: int, deadline: float, timeout_s: float) -> tup
         text = out.decode(errors="replace")
         if proc.returncode == 0 and stackgroups.parse(text).threads:
             return text, ""
-        message = _py_spy_error(err, proc.returncode)
+        message = _py_spy_error(stderr, proc.returncode)
         if "permission denied" in message.lower() or "operation not permitted" in message.lower():
             return "", PERMISSION
         error = f"py-spy: {message}"
@@ -202,39 +206,60 @@ async def _py_spy(tool: str, pid: int, deadline: float, timeout_s: float) -> tup
     return "", error or f"py-spy: no answer within {timeout_s:g}s"
 
 
-def _holds_open(pid: int, path: str) -> bool:
-    """Whether process ``pid`` has ``path`` open (the dump file its faulthandler writes to)."""
+def _dump_fd(pid: int, path: str) -> str:
+    """``/proc/PID/fd/N`` of the descriptor through which process ``pid`` writes ``path`` (opened
+    for appending, as ``stackdump.arm`` does), or ``""`` when it holds no such descriptor."""
     wanted = os.path.realpath(path)
     fd_dir = f"/proc/{pid}/fd"
     for fd in os.listdir(fd_dir):
-        with contextlib.suppress(OSError):
-            if os.readlink(f"{fd_dir}/{fd}") == wanted:
-                return True
-    return False
+        try:
+            if os.readlink(f"{fd_dir}/{fd}") != wanted:
+                continue
+            with open(f"/proc/{pid}/fdinfo/{fd}") as info:
+                flags = next((int(line.split()[1], 8) for line in info if line.startswith("flags:")), 0)
+        except (OSError, ValueError, IndexError):
+            continue
+        if flags & os.O_APPEND and flags & (os.O_WRONLY | os.O_RDWR):
+            return f"{fd_dir}/{fd}"
+    return ""
 
 
 async def _faulthandler(target: StackTarget, deadline: float, timeout_s: float) -> tuple[str, str]:
-    """(text, "") or ("", why not). Signals only a running process that holds its dump file open."""
+    """(text, "") or ("", why not). Signals only a running process that holds its dump file open.
+
+    The path comes from the rank's client, so it is not trusted: the file is reached through the
+    process's own descriptor (``/proc/PID/fd/N``, whatever the path names now), and must be a
+    regular file of the process's user. The agent then truncates and reads only what that process
+    could truncate and read itself.
+    """
     assert target.stack_signal is not None and target.dump_path
     pid, path = target.pid, target.dump_path
     if _state(pid) in ("T", "t"):
         return "", STOPPED
     try:
-        if not _holds_open(pid, path):
+        link = _dump_fd(pid, path)
+        if not link:
             return "", (
-                f"faulthandler: process {pid} does not hold {path} open: it did not arm faulthandler"
-                " (or the pid is another process now); not signalled"
+                f"faulthandler: process {pid} does not hold {path} open for appending: it did not arm"
+                " faulthandler (or the pid is another process now); not signalled"
             )
+        info, owner = os.stat(link), os.stat(f"/proc/{pid}").st_uid
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != owner:
+            return "", f"faulthandler: {path} is not a regular file of the process's user; not signalled"
+        fd = os.open(link, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as err:
         return "", f"faulthandler: cannot check that process {pid} armed it ({err.strerror}); not signalled"
     try:
-        os.truncate(path, 0)  # the file is O_APPEND: the dump starts at offset 0
-        os.kill(pid, target.stack_signal)
-    except ProcessLookupError:
-        return "", f"process {pid} is gone"
-    except OSError as err:
-        return "", f"faulthandler: cannot signal process {pid} or truncate {path}: {err.strerror}"
-    text = await _read_dump(path, deadline)
+        try:
+            os.ftruncate(fd, 0)  # the writer's descriptor is O_APPEND: the dump starts at offset 0
+            os.kill(pid, target.stack_signal)
+        except ProcessLookupError:
+            return "", f"process {pid} is gone"
+        except OSError as err:
+            return "", f"faulthandler: cannot truncate {path} or signal process {pid}: {err.strerror}"
+        text = await _read_dump(fd, deadline)
+    finally:
+        os.close(fd)
     if text:
         return text, ""
     state = _state(pid)
@@ -242,16 +267,14 @@ async def _faulthandler(target: StackTarget, deadline: float, timeout_s: float) 
     return "", f"faulthandler: no dump within {timeout_s:g}s, process state {state or 'gone'}{hint}"
 
 
-async def _read_dump(path: str, deadline: float) -> str:
-    """The file's text once it is non-empty and has not grown for a short quiet period."""
+async def _read_dump(fd: int, deadline: float, limit: int = 1 << 20) -> str:
+    """The file's text once it is non-empty and has not grown for a short quiet period (at most
+    ``limit`` bytes: faulthandler's dump is a few KiB, ~100 KiB for 100 deep threads)."""
     loop = asyncio.get_running_loop()
     size, since = -1, loop.time()
     while True:
         now = loop.time()
-        try:
-            current = os.stat(path).st_size
-        except OSError:
-            current = 0
+        current = os.fstat(fd).st_size
         if current != size:
             size, since = current, now
         elif size > 0 and now - since >= _QUIET_S:
@@ -261,10 +284,4 @@ async def _read_dump(path: str, deadline: float) -> str:
                 return ""
             break
         await asyncio.sleep(_POLL_S)
-    return _read_text(path)
-
-
-def _read_text(path: str, limit: int = 1 << 20) -> str:
-    """A local file of at most ``limit`` bytes read (faulthandler's dump: a few KiB, ~100 KiB at worst)."""
-    with open(path, "rb") as f:
-        return f.read(limit).decode(errors="replace")
+    return os.pread(fd, min(size, limit), 0).decode(errors="replace")

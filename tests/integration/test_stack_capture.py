@@ -157,6 +157,8 @@ def test_py_spy_refused_falls_back_to_faulthandler_and_says_why(start: Spawn, tm
     assert (out[0].tool, out[0].where, out[0].error) == ("faulthandler", "data loading", "")
     assert out[1].error == f"{PERMISSION}; faulthandler: not armed by the process (taskd_client.stackdump.arm)"
     assert "CAP_SYS_PTRACE" in out[1].error
+    (missing,) = _capture([plain.target(1)], py_spy=str(tmp_path / "no-such-py-spy"))
+    assert missing.error.startswith("py-spy: cannot run ") and "No such file" in missing.error
     assert armed.popen.poll() is None and plain.popen.poll() is None
 
 
@@ -200,3 +202,34 @@ def test_gone_and_zombie_processes(start: Spawn) -> None:
     (gone,) = _capture([proc.target(0)], py_spy=False)
     assert gone.error == f"process {proc.pid} is gone"
     assert _capture([], py_spy=False) == []
+
+
+def test_a_claimed_dump_file_is_touched_only_through_the_process_that_appends_to_it(tmp_path: Path) -> None:
+    """The dump path comes from the rank's client: a file the process only reads, or one of another
+    user, is neither truncated nor read, and the process is not signalled."""
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep me\n")
+    holders = []
+    try:
+        for mode in ("r", "a"):
+            code = f"import time; f = open({str(victim)!r}, {mode!r}); print('ready', flush=True); time.sleep(60)"
+            proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+            holders.append(proc)
+        reader, appender = holders
+
+        def claim(pid: int) -> StackTarget:
+            return StackTarget(rank=0, pid=pid, stack_signal=signal.SIGUSR2, dump_path=str(victim))
+
+        (read_only,) = _capture([claim(reader.pid)], py_spy=False)
+        assert "does not hold" in read_only.error and "not signalled" in read_only.error
+        if os.getuid() == 0:  # a file of another user, appended to by a root process
+            os.chown(victim, 65534, 65534)
+            (foreign,) = _capture([claim(appender.pid)], py_spy=False)
+            assert "not a regular file of the process's user" in foreign.error
+        assert victim.read_text() == "keep me\n"
+        assert all(p.poll() is None for p in holders)  # SIGUSR2 was never sent: it would have killed them
+    finally:
+        for proc in holders:
+            proc.kill()
+            proc.wait()

@@ -100,7 +100,7 @@ class ProgressReporter:
             return
         self._armed = True
         try:
-            from taskd_client import stackdump  # type: ignore[attr-defined,unused-ignore]
+            from taskd_client import stackdump
         except ImportError:
             return
         try:

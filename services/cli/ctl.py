@@ -4,6 +4,9 @@
     recoverctl [--etcd URL] events JOB [--json]       the event log, one line each, oldest first
     recoverctl [--etcd URL] decisions JOB [--json]    every strategy decision with its reasons
     recoverctl [--etcd URL] timeline JOB [--json]     the last recovery phase by phase, with durations
+    recoverctl [--etcd URL] stacks JOB [--recovery N] [--rank R] [--json]
+                                                      the Python stacks captured before a hung rank was
+                                                      stopped (the last recovery with stacks, or N)
 
     recoverctl [--etcd URL] policy show JOB [--json]  the job's policy, in the policy file's form
     recoverctl [--etcd URL] policy set JOB FILE       validate FILE, then make it the job's policy
@@ -32,6 +35,7 @@ from typing import Any
 import yaml
 from google.protobuf import json_format
 
+from recoverd import hangstacks
 from recoverd.errors import ConfigError, RecoverdError
 from recoverd.jobview import JobView, idle_spares, read_job
 from recoverd.keys import DEFAULT_PREFIX, Keyspace, RunRef, printable
@@ -184,8 +188,9 @@ def format_event(event: pb.Event) -> str:
     )
 
 
-def timeline_dict(view: JobView) -> dict[str, Any] | None:
-    """The last recovery as (phase, start offset, duration) rows, from the fault's detection on."""
+def timeline_dict(view: JobView, hangs: Sequence[hangstacks.HangStacks] = ()) -> dict[str, Any] | None:
+    """The last recovery as (phase, start offset, duration) rows, from the fault's detection on,
+    with the grouped summary of any stacks captured for it (``hangs``: the job's ``hang_stacks``)."""
     rec = view.recovery
     if rec is None or not rec.phase_log:
         return None
@@ -216,6 +221,11 @@ def timeline_dict(view: JobView) -> dict[str, Any] | None:
         "detected_at": _iso(detected),
         "total_ms": round((entries[-1][1] - detected) * 1000, 1),
         "phases": rows,
+        "stacks": [
+            {"fault_id": h.fault_id, "rank": h.event.rank, "node": h.event.node, "summary": h.summary}
+            for h in hangs
+            if h.recovery == rec.recovery_id
+        ],
     }
 
 
@@ -225,11 +235,64 @@ def format_timeline(data: dict[str, Any] | None) -> str:
     lines = [
         f"recovery {data['recovery']}: ranks {data['fault_ranks']}, strategy {data['strategy'] or '-'},"
         f" fault detected {data['detected_at']}, {data['total_ms']:.1f} ms to the last phase",
-        f"{'PHASE':<14} {'EPOCH':>5} {'AT (ms)':>9} {'TOOK (ms)':>10}",
     ]
+    for hang in data.get("stacks", []):
+        lines.append(f"stacks at rank {hang['rank']} on {hang['node']}: {hang['summary']} (recoverctl stacks)")
+    lines.append(f"{'PHASE':<14} {'EPOCH':>5} {'AT (ms)':>9} {'TOOK (ms)':>10}")
     for row in data["phases"]:
         took = "-" if row["duration_ms"] is None else f"{row['duration_ms']:.1f}"
         lines.append(f"{row['phase']:<14} {row['epoch']:>5} {row['at_ms']:>9.1f} {took:>10}")
+    return "\n".join(lines)
+
+
+def _hangs(evs: Sequence[pb.Event]) -> list[hangstacks.HangStacks]:
+    return [h for e in evs if (h := hangstacks.from_event(e)) is not None]
+
+
+def stacks_list(hangs: Sequence[hangstacks.HangStacks], recovery: int | None, rank: int | None) -> list[dict[str, Any]]:
+    """The ``hang_stacks`` of one recovery (``recovery``, else the last one that has any), each with
+    its stacks (only ``rank``'s when given)."""
+    if recovery is None and hangs:
+        recovery = hangs[-1].recovery
+    out = []
+    for hang in hangs:
+        if hang.recovery != recovery:
+            continue
+        out.append(
+            {
+                "recovery": hang.recovery,
+                "fault_id": hang.fault_id,
+                "kind": hang.kind,
+                "rank": hang.event.rank,
+                "node": hang.event.node,
+                "at": _iso(ts_to_s(hang.event.at)),
+                "summary": hang.summary,
+                "stacks": [
+                    {"rank": s.rank, "pid": s.pid, "tool": s.tool, "where": s.where, "error": s.error, "text": s.text}
+                    for s in hang.stacks
+                    if rank is None or s.rank == rank
+                ],
+            }
+        )
+    return out
+
+
+def format_stacks(data: list[dict[str, Any]]) -> str:
+    lines: list[str] = []
+    for hang in data:
+        if lines:
+            lines.append("")
+        lines.append(
+            f"recovery {hang['recovery']}: {hang['kind'] or 'fault'} of rank {hang['rank']} on {hang['node']}"
+            f" ({hang['fault_id']}), stacks taken {hang['at']}"
+        )
+        lines.append(f"  {hang['summary']}")
+        for stack in hang["stacks"]:
+            head = f"--- rank {stack['rank']}  pid {stack['pid']}  {stack['tool'] or '-'}"
+            if stack["text"]:
+                lines.extend(["", f"{head}  in {stack['where'] or 'unknown'}", stack["text"].rstrip()])
+            else:
+                lines.extend(["", f"{head}  no stack: {stack['error'] or 'unknown reason'}"])
     return "\n".join(lines)
 
 
@@ -285,8 +348,17 @@ async def _run(args: argparse.Namespace) -> int:
                 for event in evs:
                     print(format_event(event))
         elif args.cmd == "timeline":
-            timeline = timeline_dict(view)
+            timeline = timeline_dict(view, _hangs(await _events(store, keys, view.run)))
             print(json.dumps(timeline, indent=2) if args.json else format_timeline(timeline))
+        elif args.cmd == "stacks":
+            found = stacks_list(_hangs(await _events(store, keys, view.run)), args.recovery, args.rank)
+            if args.json:
+                print(json.dumps(found, indent=2))
+            elif not found:
+                which = f" in recovery {args.recovery}" if args.recovery is not None else ""
+                print(f"no stacks recorded for job {args.job}{which}")
+            else:
+                print(format_stacks(found))
         elif args.cmd == "decisions":
             decisions = [view.decisions[e] for e in sorted(view.decisions)]
             if args.json:
@@ -320,6 +392,16 @@ def build_parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=text)
         cmd.add_argument("job")
         cmd.add_argument("--json", action="store_true", help="machine-readable output")
+    stacks = sub.add_parser(
+        "stacks",
+        help="the Python stacks taken before a hung rank was stopped (docs/detectors.md)",
+        description="The Python stacks (py-spy or faulthandler) of a hung rank and its node's peers, taken"
+        " before the rank was stopped, with where each one was. Default: the last recovery that has stacks.",
+    )
+    stacks.add_argument("job")
+    stacks.add_argument("--recovery", type=int, metavar="N", help="the stacks of recovery N (recoverctl timeline)")
+    stacks.add_argument("--rank", type=int, metavar="R", help="only rank R's stack")
+    stacks.add_argument("--json", action="store_true", help="machine-readable output")
     policy = sub.add_parser("policy", help="show or set a job's policy (docs/policy.md)")
     policy_sub = policy.add_subparsers(dest="policy_cmd", required=True, metavar="ACTION")
     show = policy_sub.add_parser("show", help="the job's policy, in the policy file's form")

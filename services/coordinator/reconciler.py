@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from recoverd import events, participants
+from recoverd import events, hangstacks, participants
 from recoverd.aiotools import leaf_errors, supervised_group
 from recoverd.controller import JobController
 from recoverd.coordinator.codec import fault_from_pb, recovery_from_pb, recovery_to_pb
@@ -408,6 +408,18 @@ class Coordinator:
                 # A client reports ranks, not nodes: the rank tables say where each rank runs.
                 fault.node = next((n for n, t in view.ranks.items() if any(r.rank == fault.rank for r in t.ranks)), "")
             apply(FaultReported(fault_from_pb(fault), live))
+            if fault.stacks:
+                # The fault key is consumed and the recovery record keeps no stacks: they are kept
+                # once, bounded, in an event (docs/adr/0026).
+                stacks = hangstacks.bounded(fault.stacks, keep_rank=fault.rank)
+                note(
+                    hangstacks.REASON,
+                    hangstacks.event_message(fault, stacks),
+                    epoch=rec.epoch,
+                    rank=fault.rank,
+                    node=fault.node,
+                    data=hangstacks.event_data(fault, rec.recovery_id, stacks),
+                )
 
         # 1b. A node whose lease expired while its ranks ran: each of its running ranks is a fault.
         for lost in lost_node_faults(view, now):

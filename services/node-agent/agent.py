@@ -503,6 +503,8 @@ class NodeAgent:
                 "RECOVERD_GENERATION": str(slot.generation),
                 "RECOVERD_RESTART_COUNT": str(slot.restart_count),
                 "RECOVERD_PROGRESS_SOCKET": address_for(spec.uid, s.node) if s.hang_detection else "",
+                # Where the client's faulthandler writes its stacks for the agent (beside the logs).
+                **({"RECOVERD_STACK_DIR": os.path.join(s.log_dir, "stacks")} if s.log_dir else {}),
                 "TORCHELASTIC_RESTART_COUNT": str(slot.restart_count),
             }
         )

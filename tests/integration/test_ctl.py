@@ -203,10 +203,12 @@ def test_status_before_any_recovery(cluster: Cluster) -> None:
 def test_recoverctl_help() -> None:
     proc = _cli("recoverd.cli.ctl", ["--help"])
     assert proc.returncode == 0, proc.stderr
-    for word in ("status", "events", "decisions", "--etcd", "--prefix"):
+    for word in ("status", "events", "decisions", "stacks", "--etcd", "--prefix"):
         assert word in proc.stdout
     sub = _cli("recoverd.cli.ctl", ["status", "--help"])
     assert sub.returncode == 0 and "--json" in sub.stdout
+    stacks = _cli("recoverd.cli.ctl", ["stacks", "--help"])
+    assert stacks.returncode == 0 and all(flag in stacks.stdout for flag in ("--recovery", "--rank", "--json"))
 
 
 def test_recoverd_help() -> None:

@@ -16,11 +16,16 @@ from pathlib import Path
 
 import pytest
 
+from recoverd import hangstacks
 from recoverd.records import pb
 
 from .cluster import Cluster
 
 pytestmark = pytest.mark.etcd
+
+#: The harness's fast phase deadlines (3 s to stop, 5 s to recover) escalate to `exit` on a loaded
+#: machine; these tests check that only the hung rank is restarted, so they give the phases time.
+PATIENT = ["--stop-timeout", "30", "--strategies-timeout", "30", "--recover-timeout", "60"]
 
 #: A short start-up allowance and straggler window so the tests do not wait minutes; the learned
 #: timeout is the default's.
@@ -44,6 +49,14 @@ def _log_has(cluster: Cluster, job: str, rank: int, text: str) -> bool:
     return path.exists() and text in path.read_text(errors="replace")
 
 
+def _stacks_of(cluster: Cluster, job: str) -> hangstacks.HangStacks:
+    """The hang_stacks event of the job's (first) hang."""
+    return cluster.wait_for(
+        "the hang's stacks",
+        lambda: next(filter(None, map(hangstacks.from_event, cluster.events(job))), None),
+    )
+
+
 def _hang_recovered(cluster: Cluster, job: str, rank: int, old_pid: int) -> pb.Recovery:
     """Wait until ``rank`` (pid ``old_pid``) was recovered from a hang; return the recovery."""
 
@@ -61,7 +74,7 @@ def _hang_recovered(cluster: Cluster, job: str, rank: int, old_pid: int) -> pb.R
 
 
 def test_a_sigstopped_rank_is_a_hang_recovered_in_place_its_slow_peer_is_not(cluster: Cluster, tmp_path: Path) -> None:
-    cluster.coordinator()
+    cluster.coordinator(extra=PATIENT)
     cluster.strategy()
     worker = ["--steps", "100000", "--step-time", "0.1", "--heartbeat", "--slow-rank", "3", "--slow-factor", "10"]
     cluster.agent("job-hang", worker=worker, extra=["--policy", _policy(tmp_path)])
@@ -90,10 +103,15 @@ def test_a_sigstopped_rank_is_a_hang_recovered_in_place_its_slow_peer_is_not(clu
         assert after[rank].pid == before[rank].pid and after[rank].restart_count == 0
     assert after[2].restart_count == 1
     assert all(e.rank == 3 for e in cluster.events("job-hang") if e.reason == "straggler")
+    # Where each rank was when rank 2 was found hung: all four read (py-spy reads a stopped process).
+    stacks = _stacks_of(cluster, "job-hang")
+    assert stacks.stacks[0].rank == 2 and sorted(s.rank for s in stacks.stacks) == [0, 1, 2, 3]
+    assert all(s.text and s.where for s in stacks.stacks), stacks.stacks
+    print(f"stacks: {stacks.summary}")
 
 
 def test_a_deadlocked_rank_is_a_hang(cluster: Cluster, tmp_path: Path) -> None:
-    cluster.coordinator()
+    cluster.coordinator(extra=PATIENT)
     cluster.strategy()
     worker = ["--steps", "100000", "--step-time", "0.1", "--heartbeat", "--hang-rank", "1", "--fail-at", "15"]
     cluster.agent("job-deadlock", worker=worker, extra=["--policy", _policy(tmp_path)])
@@ -102,12 +120,15 @@ def test_a_deadlocked_rank_is_a_hang(cluster: Cluster, tmp_path: Path) -> None:
     recovery = _hang_recovered(cluster, "job-deadlock", 1, before[1].pid)
     assert [(f.rank, f.kind) for f in recovery.faults] == [(1, "hang")]
     assert "(process stopped)" not in recovery.faults[0].detail
+    stacks = _stacks_of(cluster, "job-deadlock")
+    assert {s.rank: s.where for s in stacks.stacks}[1] == "Event.wait", stacks.summary
+    assert "rank 1 in Event.wait" in stacks.summary
     after = cluster.wait_for("rank 1 stepping again", lambda: _log_has(cluster, "job-deadlock", 1, "restart 1"))
     assert after
 
 
 def test_a_plain_script_with_a_log_pattern_has_its_hang_detected(cluster: Cluster, tmp_path: Path) -> None:
-    cluster.coordinator()
+    cluster.coordinator(extra=PATIENT)
     cluster.strategy()
     policy = POLICY + "  log_pattern: 'rank \\d+ step (?P<step>\\d+)'\n"
     # No --heartbeat: the worker has no client; only its output says it progresses.

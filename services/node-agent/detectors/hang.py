@@ -30,6 +30,7 @@ from recoverd.agent.detectors.progress import Hang, HangRules, ProgressTracker, 
 from recoverd.agent.detectors.progress_socket import ProgressReport, ProgressSocket, address_for, sender_belongs
 from recoverd.agent.ranktable import RankSlot
 from recoverd.agent.settings import AgentSettings
+from recoverd.agent.stacks import StackTarget, capture_stacks
 from recoverd.records import pb
 
 __all__ = ["HangDetector", "is_stopped"]
@@ -55,11 +56,14 @@ def is_stopped(pid: int) -> bool:
 
 
 @dataclass(slots=True)
-class _StackHandle:
-    """How to ask a rank's client for its stacks (what its reports said)."""
+class _Reporter:
+    """What a rank's reports said about the process that sends them (its Python process, which a
+    wrapper such as ``bash -c`` may have started: the one py-spy must read)."""
 
-    signal: int
-    path: str
+    pid: int
+    #: The signal its client armed faulthandler on, and its dump file; None: not armed.
+    stack_signal: int | None = None
+    stack_path: str | None = None
 
 
 class HangDetector(Detector):
@@ -74,7 +78,7 @@ class HangDetector(Detector):
         self.tracker = ProgressTracker()
         self._policy: pb.HangPolicy | None = None
         self._pattern: re.Pattern[str] | None = None
-        self._stack_handles: dict[int, _StackHandle] = {}
+        self._reporters: dict[int, _Reporter] = {}
         #: (rank, pid) -> offset of the rank's log file already read.
         self._log_offsets: dict[tuple[int, int], int] = {}
         self._warned: set[str] = set()
@@ -86,7 +90,7 @@ class HangDetector(Detector):
         if slot.proc is None:
             return
         self.tracker.started(slot.rank, slot.proc.pid, time.monotonic())
-        self._stack_handles.pop(slot.rank, None)
+        self._reporters.pop(slot.rank, None)
         log_path = slot.proc.log_path
         if log_path:
             with contextlib.suppress(OSError):  # lines written before this incarnation are not its progress
@@ -94,7 +98,7 @@ class HangDetector(Detector):
 
     def rank_ended(self, slot: RankSlot) -> None:
         self.tracker.ended(slot.rank)
-        self._stack_handles.pop(slot.rank, None)
+        self._reporters.pop(slot.rank, None)
         for key in [k for k in self._log_offsets if k[0] == slot.rank]:
             del self._log_offsets[key]
 
@@ -143,8 +147,8 @@ class HangDetector(Detector):
             assert self.socket is not None
             self.socket.drop(f"pid {report.sender_pid} reported for rank {report.rank}, which it does not run")
             return
-        if report.stack_signal is not None and report.stack_path is not None:
-            self._stack_handles[report.rank] = _StackHandle(report.stack_signal, report.stack_path)
+        signum, path = report.stack_signal, report.stack_path
+        self._reporters[report.rank] = _Reporter(report.sender_pid, signum, path if signum is not None else None)
         self.tracker.progress(
             report.rank, slot.proc.pid, report.step, time.monotonic(), waiting=report.waiting, busy_s=report.busy_s
         )
@@ -183,19 +187,17 @@ class HangDetector(Detector):
         )
 
     async def _stacks(self, hung_rank: int) -> tuple[pb.RankStack, ...]:
-        """The Python stacks of the hung rank and of its node's running peers (best effort)."""
-        try:
-            from recoverd.agent.stacks import StackTarget, capture_stacks
-        except ImportError:
-            return ()
+        """The Python stacks of the hung rank and of its node's running peers (best effort; the
+        hung rank first: its stack is the one kept whole when the stacks must be cut to size)."""
         targets = []
-        for rank, slot in sorted(self.host.ranks().items()):
+        for rank, slot in sorted(self.host.ranks().items(), key=lambda item: (item[0] != hung_rank, item[0])):
             if slot.proc is None or not slot.is_running:
                 continue
-            handle = self._stack_handles.get(rank)
-            targets.append(
-                StackTarget(rank, slot.proc.pid, handle.signal if handle else None, handle.path if handle else None)
-            )
+            reporter = self._reporters.get(rank)
+            if reporter is not None and sender_belongs(reporter.pid, slot.proc.pid):
+                targets.append(StackTarget(rank, reporter.pid, reporter.stack_signal, reporter.stack_path))
+            else:
+                targets.append(StackTarget(rank, slot.proc.pid))
         try:
             return tuple(await capture_stacks(targets))
         except Exception as err:  # stacks are a help; the hang is reported without them

@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_STAMP := $(VENV)/.torch-installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv torch demo-torch bench proto demo test test-unit chaos lint format typecheck clean fresh-clone-test msrun-venv test-msrun
+.PHONY: all venv torch demo-torch bench bench-node-loss proto demo test test-unit chaos lint format typecheck clean fresh-clone-test msrun-venv test-msrun
 
 all: test
 
@@ -47,6 +47,13 @@ BENCH_ARGS ?=
 bench: $(TORCH_STAMP)
 	$(PY) -m pip install --quiet -r requirements-bench.txt
 	$(PY) bench/bench.py $(BENCH_ARGS)
+
+## Node loss (docs/adr/0025): SIGKILL of a node's agent and ranks -> the coordinator's lost-node fault,
+## 10 trials against an etcd with stock flags; bench/results/node_loss.json. The false-alarm soak
+## (meant to run beside `make bench` or other load): NODE_LOSS_ARGS="--trials 0 --soak 600".
+NODE_LOSS_ARGS ?= --trials 10
+bench-node-loss: $(STAMP)
+	$(PY) bench/node_loss.py $(NODE_LOSS_ARGS)
 
 ## Lint, type-check, then every test (unit and end-to-end against a throwaway etcd).
 test: $(STAMP) $(TORCH_STAMP) lint typecheck

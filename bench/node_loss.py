@@ -14,7 +14,8 @@ default lease, each running one ``sleep`` rank.
   lost-node fault in the recovery record (the coordinator's clock when its pass saw the node gone).
 * **Soak** (``--soak S``): ``--agents`` agents of one job for S seconds, no kill. A false node loss
   is any deletion of a node key, any lost-node fault or recovery, or an agent's "lease ... lost";
-  keep-alives confirmed close to the lease's end are counted from the agents' warnings. Meant to run
+  keep-alives confirmed close to the lease's end are counted from the agents' warnings, and a probe
+  process holding one more such lease reports the least margin any of its keep-alives had. Meant to run
   beside a loaded machine (``make bench``, CPU hogs); the load average is sampled and reported.
 
 Results are merged into ``bench/results/node_loss.json`` (each mode updates its own section).
@@ -45,6 +46,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from recoverd.agent.settings import DEFAULT_LEASE_TTL_S
 from recoverd.etcd_server import EmbeddedEtcd
 from recoverd.jobview import read_job
 from recoverd.keys import Keyspace, RunRef
@@ -111,6 +113,13 @@ class Bench:
         if self.lease_ttl is not None:
             args += ["--agent-lease-ttl", str(self.lease_ttl)]
         return self.spawn(f"agent-{job}-{node}", [*args, "--", "sleep", "86400"])
+
+    def probe(self, seconds: float) -> subprocess.Popen[str]:
+        """This script's ``--probe``: one more agent-like lease, held for ``seconds``."""
+        argv = [sys.executable, __file__, "--probe", str(seconds), "--etcd", self.endpoint]
+        if self.lease_ttl is not None:
+            argv += ["--agent-lease-ttl", str(self.lease_ttl)]
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
 
     @staticmethod
     def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -239,9 +248,40 @@ async def detection(bench: Bench, trials: int, nnodes: int) -> dict[str, Any]:
     return {"trials": trials, "nodes_per_job": nnodes, "summary": summary, "rows": rows}
 
 
-async def soak(bench: Bench, seconds: float, nnodes: int) -> dict[str, Any]:
+async def probe(endpoint: str, seconds: float, lease_ttl: int | None) -> None:
+    """``--probe``: hold one lease as an agent does (same LeaseKeeper, same TTL) and print how close
+    its keep-alives came to the lease's end: the agents only log the near misses."""
+    ttl = lease_ttl or DEFAULT_LEASE_TTL_S
+    async with Store(endpoint) as store, store.lease(ttl) as lease:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await lease.lost.wait()
+        result = {
+            "ttl_s": lease.ttl,
+            "interval_s": lease.interval_s,
+            "renewals": lease.renewals,
+            "resends": lease.resends,
+            "least_margin_s": round(lease.min_margin_s, 3),
+            "lost": lease.lost.is_set(),
+        }
+    print(json.dumps(result), flush=True)
+
+
+async def write_load(store: Store, per_s: float, prefix: str) -> None:
+    """``--etcd-writes``: puts to the same etcd (outside the jobs), each one fsynced by etcd, so its
+    raft log and disk are busy too (a lease is revoked through raft; a renewal waits for the apply)."""
+    n = 0
+    value = secrets.token_bytes(256)
+    while True:
+        await store.put(f"{prefix}/write-load/{n % 1000}", value)
+        n += 1
+        await asyncio.sleep(1 / per_s)
+
+
+async def soak(bench: Bench, seconds: float, nnodes: int, etcd_writes: float) -> dict[str, Any]:
     job = f"soak-{secrets.token_hex(3)}"
     agents = [bench.agent(job, f"n{i}", i, nnodes) for i in range(nnodes)]
+    prober = bench.probe(seconds)
     loads: list[float] = []
     deletions: list[tuple[float, str]] = []
     async with Store(bench.endpoint) as store:
@@ -256,6 +296,7 @@ async def soak(bench: Bench, seconds: float, nnodes: int) -> dict[str, Any]:
                     print(f"  FALSE NODE LOSS: {item.key} deleted at {time.time() - began:.1f}s", flush=True)
 
         watcher = asyncio.create_task(watch_nodes())
+        writer = asyncio.create_task(write_load(store, etcd_writes, bench.prefix)) if etcd_writes > 0 else None
         try:
             while (elapsed := time.time() - began) < seconds:
                 await asyncio.sleep(min(10.0, seconds - elapsed))
@@ -265,11 +306,15 @@ async def soak(bench: Bench, seconds: float, nnodes: int) -> dict[str, Any]:
                     flush=True,
                 )
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            for task in (watcher, writer):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
         view = await read_job(store, bench.keys, job)
         crashed = [i for i, agent in enumerate(agents) if agent.poll() is not None]
+        out, _ = await asyncio.to_thread(prober.communicate, timeout=60)
+        probed = json.loads(out.strip().splitlines()[-1]) if out.strip() else {"error": prober.returncode}
         for agent in agents:
             bench.stop(agent)
         await forget_job(store, bench.keys, job)
@@ -286,10 +331,11 @@ async def soak(bench: Bench, seconds: float, nnodes: int) -> dict[str, Any]:
                 margins.append(float(match.group(1)))
             if LOST_RE.search(line):
                 lost_lines.append(f"{name}: {line}")
-    false_losses = len(deletions) + len(lost_lines) + len(lease_faults)
+    false_losses = len(deletions) + len(lost_lines) + len(lease_faults) + int(bool(probed.get("lost")))
     result = {
         "seconds": seconds,
         "agents": nnodes,
+        "etcd_writes_per_s": etcd_writes,
         "false_node_losses": false_losses,
         "node_keys_deleted": [{"at_s": round(at, 1), "node": node} for at, node in deletions],
         "lease_lost_log_lines": lost_lines,
@@ -298,6 +344,7 @@ async def soak(bench: Bench, seconds: float, nnodes: int) -> dict[str, Any]:
         "agents_crashed": crashed,
         "late_keepalives": len(margins),
         "least_margin_s": min(margins) if margins else None,
+        "probe": probed,
         "load_avg_1m": {
             "mean": round(statistics.mean(loads), 2) if loads else None,
             "max": round(max(loads), 2) if loads else None,
@@ -305,7 +352,7 @@ async def soak(bench: Bench, seconds: float, nnodes: int) -> dict[str, Any]:
     }
     print(
         f"soak: {false_losses} false node loss(es) in {seconds:.0f}s of {nnodes} agents; recoveries opened"
-        f" {recoveries}; late keep-alives {len(margins)}; load avg {result['load_avg_1m']}",
+        f" {recoveries}; late keep-alives {len(margins)}; probe {probed}; load avg {result['load_avg_1m']}",
         flush=True,
     )
     return result
@@ -345,9 +392,11 @@ async def main_async(args: argparse.Namespace) -> None:
         }
         print(f"bench node-loss: {meta['etcd']}; agent lease TTL {meta['agent_lease_ttl_s']}", flush=True)
         if args.trials > 0:
-            merge_results("detection", {**meta, **await detection(bench, args.trials, args.nodes)}, args.out)
+            result = await detection(bench, args.trials, args.nodes)
+            merge_results(args.section or "detection", {**meta, **result}, args.out)
         if args.soak > 0:
-            merge_results("soak", {**meta, **await soak(bench, args.soak, args.agents)}, args.out)
+            result = await soak(bench, args.soak, args.agents, args.etcd_writes)
+            merge_results(args.section or "soak", {**meta, **result}, args.out)
         print(f"results: {args.out}", flush=True)
     finally:
         if bench is not None:
@@ -368,10 +417,16 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=8, help="agents in the soak")
     parser.add_argument("--etcd", default=None, help="an etcd to use (default: an embedded one, stock flags)")
     parser.add_argument("--agent-lease-ttl", type=int, default=None, help="default: the agent's own default")
+    parser.add_argument("--etcd-writes", type=float, default=0.0, metavar="N", help="soak: N puts/s to the etcd too")
     parser.add_argument("--load", default="", help="what loads the machine, recorded with the results")
+    parser.add_argument("--section", default=None, help="results section (default: detection, soak)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--keep", action="store_true", help="keep the logs (a temp dir)")
+    parser.add_argument("--probe", type=float, default=0.0, help=argparse.SUPPRESS)  # the soak's lease probe
     args = parser.parse_args()
+    if args.probe:
+        asyncio.run(probe(args.etcd, args.probe, args.agent_lease_ttl))
+        return
     become_subreaper()
     asyncio.run(main_async(args))
 

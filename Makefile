@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_STAMP := $(VENV)/.torch-installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv torch demo-torch bench bench-hangs proto demo test test-unit chaos lint format typecheck clean fresh-clone-test msrun-venv test-msrun
+.PHONY: all venv torch demo-torch bench bench-hangs bench-node-loss proto demo test test-unit chaos lint format typecheck clean fresh-clone-test msrun-venv test-msrun
 
 all: test
 
@@ -51,6 +51,13 @@ bench: $(TORCH_STAMP)
 ## Hang detection: SIGSTOP of a rank -> its hang fault, 0.1 s and 2.5 s steps (~3 min; bench/results/hangs.*).
 bench-hangs: $(STAMP)
 	$(PY) bench/hangs.py $(BENCH_ARGS)
+
+## Node loss (docs/adr/0025): SIGKILL of a node's agent and ranks -> the coordinator's lost-node fault,
+## 10 trials against an etcd with stock flags; bench/results/node_loss.json. The false-alarm soak
+## (meant to run beside `make bench` or other load): NODE_LOSS_ARGS="--trials 0 --soak 600".
+NODE_LOSS_ARGS ?= --trials 10
+bench-node-loss: $(STAMP)
+	$(PY) bench/node_loss.py $(NODE_LOSS_ARGS)
 
 ## Lint, type-check, then every test (unit and end-to-end against a throwaway etcd).
 test: $(STAMP) $(TORCH_STAMP) lint typecheck

@@ -69,6 +69,11 @@ def guarded_edges() -> list[tuple[rc.Phase, rc.Phase, str]]:
             rc.DeadlinePassed(1),
         ),
         (
+            "CommandedNodeLost (strategy exit)",
+            _scenario_rec(rc.Phase.RECOVERING, strategy="exit", command_nodes=frozenset({"n1"})),
+            rc.CommandedNodeLost(1, frozenset({"n1"})),
+        ),
+        (
             "RecoverStatusReported (all confirmed, strategy dump: its exit follows)",
             _scenario_rec(rc.Phase.RECOVERING, strategy="dump"),
             rc.RecoverStatusReported(1, "agent.n0", code=0),

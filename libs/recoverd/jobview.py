@@ -73,7 +73,8 @@ class JobView:
     #: The highest epoch a stored signal names (0 if none).
     signal_epoch: int = 0
     bad: list[BadKey] = field(default_factory=list)
-    #: Keys of unleased bad node records whose node still has a rank table (kept for a grace).
+    #: Keys of unleased bad node records whose node still has a rank table, or whose command the
+    #: recovery awaits (kept for a grace).
     clobbered_nodes: set[str] = field(default_factory=set)
     other_runs: set[str] = field(default_factory=set)
 
@@ -189,12 +190,18 @@ async def read_job(store: Store, keys: Keyspace, job: str) -> JobView:
             signals.append((sequence_of(ref), kv.key))
             view.signal_epoch = max(view.signal_epoch, msg.epoch)
     # A node's record overwritten without its lease (a plain `etcdctl put`) while the node's rank
-    # table is there: its agent is most likely alive and rewrites it at once (it watches its key), so
-    # it stays a participant for now; the coordinator removes it only after a grace (reconciler).
+    # table is there, or while the recovery awaits its command (a spare has no rank table yet): its
+    # agent is most likely alive and rewrites it at once (it watches its key), so it stays a
+    # participant for now; the coordinator removes it only after a grace (reconciler).
+    awaited = (
+        set(view.recovery.command_nodes)
+        if view.recovery is not None and view.recovery.phase == pb.PHASE_RECOVERING
+        else set()
+    )
     for bad in view.bad:
         if bad.kind is KeyKind.NODE and not bad.lease:
             name = bad.key.rsplit("/", 1)[1]
-            if name in view.ranks and name not in view.nodes:
+            if (name in view.ranks or name in awaited) and name not in view.nodes:
                 view.nodes[name] = pb.NodeRecord(node=name, node_rank=-1)
                 view.clobbered_nodes.add(bad.key)
     signals.sort()

@@ -7,8 +7,9 @@ in one process fails with "duplicate symbol") and adds what it lacks:
   re-watching from the last seen ``mod_revision + 1``, so no event is lost or delivered twice, and
   yields a :class:`Resync` marker after every reconnect or compaction so level-triggered callers
   re-read everything once;
-* **lease keep-alive**: :class:`LeaseKeeper` refreshes a lease every TTL/3 and sets ``lost`` once it
-  has certainly expired, so its owner can re-register;
+* **lease keep-alive**: :class:`LeaseKeeper` refreshes a lease every TTL/2, at once again when a
+  refresh fails or is late, and sets ``lost`` once it has certainly expired, so its owner can
+  re-register (docs/adr/0025);
 * **typed transactions**: compares and operations are our own small dataclasses, so callers state
   fences (``ValueIs(leader_key, me)``, ``ModRevisionAtMost(run_prefix, read_rev)``) without the
   client's types;
@@ -38,6 +39,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from asyncio import FIRST_COMPLETED
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -46,11 +48,14 @@ from typing import Any, TypeVar
 import aetcd
 import aetcd.exceptions as aetcd_errors
 
-from recoverd.errors import ConfigError, EtcdRefused, EtcdUnavailable, RequestTooLarge
+from recoverd.errors import ConfigError, EtcdRefused, EtcdUnavailable, RecoverdError, RequestTooLarge
 from recoverd.etcd_versions import known_problem
 from recoverd.keys import printable
 
 __all__ = [
+    "KEEPALIVE_FRACTION",
+    "KEEPALIVE_IN_FLIGHT",
+    "KEEPALIVE_RETRY_S",
     "KV",
     "MAX_REQUEST_BYTES",
     "MAX_TXN_OPS",
@@ -84,6 +89,13 @@ MAX_TXN_OPS = 128
 MAX_REQUEST_BYTES = 1536 * 1024 - 16 * 1024
 #: Keys per page of a range read; halved while etcd's answer is over the client's 4 MiB.
 PAGE_KEYS = 1000
+#: A lease's keep-alive interval as a fraction of its TTL (docs/adr/0025): with etcd's minimum TTL
+#: of 2 s a dead node is declared in about 1.75 s, and a live one may stall 1 s without losing it.
+KEEPALIVE_FRACTION = 0.5
+#: Pause before a failed keep-alive is sent again (the store has failed over meanwhile).
+KEEPALIVE_RETRY_S = 0.05
+#: Keep-alives of one lease in flight at once (a late one gets another beside it).
+KEEPALIVE_IN_FLIGHT = 3
 _COMPACTED_RETRIES = 3
 
 
@@ -711,10 +723,18 @@ def check_lease_ttl(ttl_s: float) -> int:
 class LeaseKeeper:
     """Grants a lease and keeps it alive; ``lost`` is set once it has certainly expired.
 
-    ``async with store.lease(ttl_s) as lease:`` grants on entry, refreshes every TTL/3 in a task,
-    and revokes on exit (best effort). A refresh that fails because etcd is unreachable is retried;
-    once more than the TTL has passed since the last good refresh, or etcd answers TTL 0, the lease
-    is lost and the owner must register again with a new one.
+    ``async with store.lease(ttl_s) as lease:`` grants on entry, keeps it alive in a task, and
+    revokes on exit (best effort). Once more than the TTL has passed since the last confirmed
+    keep-alive, or etcd answers TTL 0, the lease is lost and the owner must register again with a
+    new one.
+
+    The keep-alive policy (docs/adr/0025) trades how soon a dead owner is noticed against how long a
+    live one may stall: a keep-alive is sent :data:`KEEPALIVE_FRACTION` of the TTL after the last
+    confirmed one was sent, so a dead owner's lease runs out ``TTL - interval/2`` after its death on
+    average, and a live one may stall ``TTL - interval`` before its lease is at risk. Inside that
+    margin nothing is left to a timer: a keep-alive that fails is sent again after
+    :data:`KEEPALIVE_RETRY_S`, and one not answered within a quarter of the interval gets another
+    beside it (at most :data:`KEEPALIVE_IN_FLIGHT`), until one is confirmed or the lease has run out.
     """
 
     def __init__(self, store: Store, ttl_s: float) -> None:
@@ -722,10 +742,23 @@ class LeaseKeeper:
         self.ttl = check_lease_ttl(ttl_s)
         self.id = 0
         self.lost = asyncio.Event()
+        #: Keep-alives confirmed, and sent again because one was late or failed (for logs and benches).
+        self.renewals = 0
+        self.resends = 0
+        #: The least time a confirmed keep-alive left before the lease could have run out (seconds).
+        self.min_margin_s = float(self.ttl)
+        self._granted = (0.0, 0.0)
         self._task: asyncio.Task[None] | None = None
 
+    @property
+    def interval_s(self) -> float:
+        """Seconds from sending one confirmed keep-alive to sending the next."""
+        return self.ttl * KEEPALIVE_FRACTION
+
     async def __aenter__(self) -> LeaseKeeper:
+        asked = time.monotonic()
         self.id, granted = await self.store._grant_ttl(self.ttl)
+        self._granted = (asked, time.monotonic())
         if granted != self.ttl:
             # etcd raises a TTL below its minimum (1.5 x its election timeout): liveness is then
             # judged by what was granted, and said once, never silently.
@@ -758,20 +791,76 @@ class LeaseKeeper:
         self.lost.set()
 
     async def _keep_alive(self) -> None:
-        period = self.ttl / 3
-        last_ok = time.monotonic()
+        # (sent, answered) of the last confirmed keep-alive (at first: the grant). etcd renewed the
+        # lease between the two, so the next one is due `interval` after `sent` (never later than
+        # needed), and the lease has certainly run out `ttl` after `answered` (never declared early).
+        sent, answered = self._granted
         while True:
-            await asyncio.sleep(period)
+            await asyncio.sleep(max(0.0, sent + self.interval_s - time.monotonic()))
             try:
-                ttl = await self.store._refresh(self.id)
-            except EtcdUnavailable as err:
-                if time.monotonic() - last_ok > self.ttl:
-                    log.warning("lease %x lost: etcd unreachable for more than %ss (%s)", self.id, self.ttl, err)
-                    self.lost.set()
-                    return
-                continue
-            if ttl <= 0:
-                log.warning("lease %x expired", self.id)
+                renewed = await self._renew(expires_at=answered + self.ttl)
+            except Exception:
+                # A bug, not etcd: the owner must still learn that nobody keeps its lease alive.
+                log.exception("lease %x: keep-alive failed unexpectedly; treating the lease as lost", self.id)
+                renewed = None
+            if renewed is None:
                 self.lost.set()
                 return
-            last_ok = time.monotonic()
+            margin = sent + self.ttl - renewed[1]
+            self.min_margin_s = min(self.min_margin_s, margin)
+            if margin < self.ttl / 4:
+                log.warning(
+                    "lease %x: keep-alive confirmed only %.2fs before the lease could run out (TTL %d s):"
+                    " this process or etcd stalls",
+                    self.id,
+                    margin,
+                    self.ttl,
+                )
+            sent, answered = renewed
+            self.renewals += 1
+
+    async def _renew(self, expires_at: float) -> tuple[float, float] | None:
+        """Keep-alives until one is confirmed: its (sent, answered) monotonic times; None once the
+        lease has run out (etcd answered TTL 0, or nothing was confirmed before ``expires_at``)."""
+        attempts: dict[asyncio.Task[int], float] = {}
+        next_send = time.monotonic()
+        late_s = self.interval_s / 4
+        error: BaseException | None = None
+        try:
+            while True:
+                now = time.monotonic()
+                if now >= expires_at:
+                    log.warning(
+                        "lease %x lost: no keep-alive confirmed for more than %ss (%s)",
+                        self.id,
+                        self.ttl,
+                        error if error is not None else "etcd did not answer",
+                    )
+                    return None
+                if now >= next_send and len(attempts) < KEEPALIVE_IN_FLIGHT:
+                    if attempts or error is not None:
+                        self.resends += 1
+                    attempts[asyncio.create_task(self.store._refresh(self.id))] = now
+                    next_send = now + late_s
+                wake = expires_at if len(attempts) >= KEEPALIVE_IN_FLIGHT else min(expires_at, next_send)
+                if not attempts:  # every one failed: the next is sent after the retry pause
+                    await asyncio.sleep(max(0.0, wake - now))
+                    continue
+                done, _ = await asyncio.wait(attempts, timeout=max(0.0, wake - now), return_when=FIRST_COMPLETED)
+                for task in done:
+                    sent = attempts.pop(task)
+                    try:
+                        ttl = task.result()
+                    except RecoverdError as err:  # unreachable (the store failed over) or refused
+                        error = err
+                        next_send = min(next_send, time.monotonic() + KEEPALIVE_RETRY_S)
+                        continue
+                    if ttl <= 0:
+                        log.warning("lease %x expired", self.id)
+                        return None
+                    return sent, time.monotonic()
+        finally:
+            for task in attempts:
+                task.cancel()
+            if attempts:
+                await asyncio.gather(*attempts, return_exceptions=True)

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from recoverd.agent.adopt import AdoptRuntime, Captured, capture
 from recoverd.agent.agent import EXIT_SIGINT, AgentSettings, NodeAgent, become_subreaper
 from recoverd.agent.runtime import OnExit
-from recoverd.agent.settings import NVML_HELP, NVML_MODES
+from recoverd.agent.settings import DEFAULT_LEASE_TTL_S, NVML_HELP, NVML_MODES
 from recoverd.argtypes import lease_ttl
 from recoverd.errors import ConfigError, RecoverdError
 from recoverd.keys import DEFAULT_PREFIX, Keyspace, check_id
@@ -92,7 +92,12 @@ def build_parser(prog: str = "recoverd adopt") -> argparse.ArgumentParser:
         default=2.0,
         help="an adopted rank that vanished with unknown status is a fault after this (s)",
     )
-    parser.add_argument("--agent-lease-ttl", type=lease_ttl, default=5, help="whole seconds, at least 1")
+    parser.add_argument(
+        "--agent-lease-ttl",
+        type=lease_ttl,
+        default=DEFAULT_LEASE_TTL_S,
+        help="node lease TTL, whole seconds, at least 1 (%(default)s s; docs/adr/0025)",
+    )
     parser.add_argument("--reset-json", default=None, help="a device plugin's reset.json to turn into faults")
     parser.add_argument("--nvml", choices=NVML_MODES, default="auto", help=NVML_HELP)
     parser.add_argument("--log-level", default=os.environ.get("RECOVERD_LOG_LEVEL", "INFO"))

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 from recoverd import __version__
 from recoverd.agent.agent import AgentSettings, NodeAgent, become_subreaper
-from recoverd.agent.settings import NVML_HELP, NVML_MODES
+from recoverd.agent.settings import DEFAULT_LEASE_TTL_S, NVML_HELP, NVML_MODES
 from recoverd.argtypes import lease_ttl, non_negative, positive
 from recoverd.coordinator.reconciler import Coordinator, CoordinatorSettings
 from recoverd.coordinator.recovery import Timeouts
@@ -149,7 +149,11 @@ def _add_job(parser: argparse.ArgumentParser, *, job_required: bool) -> None:
     parser.add_argument("--master-addr", default=None)
     parser.add_argument("--master-port", type=positive(int), default=None)
     parser.add_argument(
-        "--agent-lease-ttl", type=lease_ttl, default=5, help="whole seconds, at least 1 (%(default)s s)"
+        "--agent-lease-ttl",
+        type=lease_ttl,
+        default=DEFAULT_LEASE_TTL_S,
+        help="node lease TTL, whole seconds, at least 1 (%(default)s s: a dead node is declared in about 1.8 s;"
+        " an agent restart that takes longer than the lease is a node loss; docs/adr/0025)",
     )
     parser.add_argument(
         "--stop-grace",

@@ -38,6 +38,7 @@ from recoverd.controller import JobController
 from recoverd.coordinator.codec import fault_from_pb, recovery_from_pb, recovery_to_pb
 from recoverd.coordinator.recovery import (
     CapacityReturned,
+    CommandedNodeLost,
     DeadlinePassed,
     DecisionMade,
     Effect,
@@ -428,6 +429,12 @@ class Coordinator:
         # 2. Who is still there.
         if rec.is_active and live != rec.participants:
             apply(ParticipantsChanged(live))
+
+        # 2b. A node sent a command in this phase whose agent is gone (its lease expired, or its
+        #     record was removed; a clobbered record counts as live for its grace, as in 1b): the
+        #     strategy fails now, not at the recover deadline (the state machine says which count).
+        if rec.phase is Phase.RECOVERING and (gone := rec.command_nodes - view.nodes.keys()):
+            apply(CommandedNodeLost(rec.epoch, frozenset(gone)))
 
         # 3. Answers to the current phase; anything for another epoch is stale.
         expected = {

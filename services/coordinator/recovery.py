@@ -33,7 +33,8 @@ unlike upstream, the episode is never reset). Rules kept in code rather than in 
 named function below: ``_all_reported`` (a waiting phase ends only when everyone ``_required``
 answered: the participants, and in RECOVERING also the agent of every node sent a command),
 ``_open`` (a fault in DONE opens a new recovery), ``_merge_fault`` (a fault after COLLECTING starts
-a new round), ``_strategy_failed`` (failure falls back, or fails the job after `exit`).
+a new round), ``_strategy_failed`` (failure falls back, or fails the job after `exit`),
+``_commanded_node_lost`` (a commanded node that dies before confirming fails the strategy at once).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ __all__ = [
     "DUMP_EXIT",
     "TRANSITIONS",
     "CapacityReturned",
+    "CommandedNodeLost",
     "DeadlinePassed",
     "DecisionMade",
     "Effect",
@@ -316,6 +318,15 @@ class CapacityReturned:
     layout: Layout
 
 
+@dataclass(frozen=True, slots=True)
+class CommandedNodeLost:
+    """Nodes are not live any more (their agent's lease expired, or their record is gone). The shell
+    names every commanded node it does not see live; ``_commanded_node_lost`` decides which count."""
+
+    epoch: int
+    nodes: frozenset[str]
+
+
 Event = (
     FaultReported
     | DeadlinePassed
@@ -325,6 +336,7 @@ Event = (
     | RecoverStatusReported
     | ParticipantsChanged
     | CapacityReturned
+    | CommandedNodeLost
 )
 
 # ---------------------------------------------------------------------- effects (imperatives)
@@ -411,10 +423,12 @@ TRANSITIONS: dict[tuple[Phase, type], Phase] = {
     (Phase.RECOVERING, RecoverStatusReported): Phase.DONE,
     (Phase.RECOVERING, ParticipantsChanged): Phase.DONE,
     (Phase.RECOVERING, DeadlinePassed): Phase.DECIDING,
+    (Phase.RECOVERING, CommandedNodeLost): Phase.DECIDING,
 }
 """(phase, event type) -> the phase entered when the event's guard holds. Guards in code:
 ``_all_reported`` for the waiting phases, ``_strategy_failed`` for failures (-> DECIDING or FAILED),
-a give-up decision (-> FAILED), ``_merge_fault`` for duplicates (no change)."""
+a give-up decision (-> FAILED), ``_merge_fault`` for duplicates (no change), ``_commanded_node_lost``
+for a commanded node that died before confirming."""
 
 
 def wire_strategy(strategy: str) -> tuple[str, str, tuple[str, ...]]:
@@ -472,6 +486,8 @@ def step(rec: Recovery, event: Event, now: float, timeouts: Timeouts | None = No
         return _decided(rec, event, now, timeouts)
     if isinstance(event, CapacityReturned):
         return _upgrade(rec, event, now, timeouts)
+    if isinstance(event, CommandedNodeLost):
+        return _commanded_node_lost(rec, event, now, timeouts)
     if isinstance(event, RecoverStatusReported):
         if not _is_news(rec, event.participant):
             return rec, []
@@ -663,6 +679,28 @@ def _deadline_passed(
         return _decided(rec, decision, now, timeouts)
     missing = sorted(_required(rec) - rec.reported)
     return _strategy_failed(rec, now, timeouts, f"{rec.strategy} not confirmed in time by {missing}")
+
+
+def _commanded_node_lost(
+    rec: Recovery, event: CommandedNodeLost, now: float, timeouts: Timeouts
+) -> tuple[Recovery, list[Effect]]:
+    """A node sent a command in this phase died before confirming it: the strategy has failed now,
+    at its lease's expiry, rather than at the recover deadline (docs/adr/0025).
+
+    Not counted: a node that already confirmed (its ranks' loss, if they run, is a fault of its own:
+    lost-node faults), and a node this recovery already knows as lost (it holds lease faults of that
+    node): it was commanded while it was away, as an `exit` commands every node still holding ranks,
+    and its agent may come back and carry the command out within the deadline (docs/adr/0023).
+    """
+    known_lost = {f.node for f in rec.faults if f.source == "lease"}
+    died = sorted(
+        n
+        for n in rec.command_nodes & event.nodes
+        if participant_ids.of_node(n) not in rec.reported and n not in known_lost
+    )
+    if not died:
+        return rec, []
+    return _strategy_failed(rec, now, timeouts, f"commanded node(s) {died} lost before confirming (lease expired)")
 
 
 def _rule_out_cheap(rec: Recovery, now: float, timeouts: Timeouts, why: str) -> tuple[Recovery, list[Effect]]:

@@ -11,7 +11,7 @@ The plugin is constructed by msrun with no arguments, so everything comes from t
 * strategies: ``RECOVERD_STRATEGIES``, else ``recover-in-place,exit`` when
   ``ENABLE_RESTART_FAULT_PROCESS=on`` (what MindCluster sets for recover-in-place), else ``exit``;
 * waits: ``RECOVERD_MSRUN_POLL_S`` (0.1), ``RECOVERD_STOP_GRACE_S`` (5),
-  ``RECOVERD_AGENT_LEASE_TTL`` (5).
+  ``RECOVERD_AGENT_LEASE_TTL`` (2, docs/adr/0025).
 
 Every wait upstream hard-codes (1-5 s ticks, 10/15/50/60 s sleeps, the 900 s start gate) is one of
 these settings or gone: exits are seen within one MONITOR tick, restarts happen when the recovery
@@ -30,6 +30,7 @@ from typing import Any
 from recoverd.agent.agent import AgentSettings, NodeAgent
 from recoverd.agent.msrun import MsrunLayout, MsrunRuntime, kill_msrun_processes
 from recoverd.agent.runtime import OnExit
+from recoverd.agent.settings import DEFAULT_LEASE_TTL_S
 from recoverd.errors import ConfigError, RecoverdError
 from recoverd.keys import DEFAULT_PREFIX, Keyspace, check_id
 from recoverd.store import Store
@@ -121,7 +122,7 @@ def settings_from_env(environ: Mapping[str, str], layout: MsrunLayout) -> AgentS
         master_addr=environ.get("MS_SCHED_HOST") or "127.0.0.1",
         master_port=port,
         prefix=environ.get("RECOVERD_PREFIX", DEFAULT_PREFIX),
-        lease_ttl_s=_seconds(environ, "RECOVERD_AGENT_LEASE_TTL", 5.0),
+        lease_ttl_s=_seconds(environ, "RECOVERD_AGENT_LEASE_TTL", DEFAULT_LEASE_TTL_S),
         stop_grace_s=_seconds(environ, "RECOVERD_STOP_GRACE_S", 5.0),
         reset_json=environ.get("RECOVERD_RESET_JSON") or None,
         reset_json_mirror=environ.get("RECOVERD_RESET_JSON_MIRROR") or None,

@@ -19,6 +19,7 @@ from recoverd.store import check_lease_ttl
 from recoverd.strategies import TRAITS
 
 __all__ = [
+    "DEFAULT_LEASE_TTL_S",
     "EXIT_FAILED",
     "EXIT_REFUSED",
     "EXIT_SIGINT",
@@ -28,6 +29,12 @@ __all__ = [
     "NVML_MODES",
     "AgentSettings",
 ]
+
+#: The node lease's TTL unless told otherwise (every entry point's default; docs/adr/0025): the least
+#: a stock etcd grants (1.5 x its 1 s election timeout, rounded up), so a dead node is declared in
+#: about 1.8 s. An agent restarted by a supervisor is invisible to the coordinator only when it is
+#: back within the lease: where restarts matter more than fast node loss, give a longer one.
+DEFAULT_LEASE_TTL_S = 2
 
 EXIT_SUCCEEDED = 0
 EXIT_FAILED = 1
@@ -69,7 +76,7 @@ class AgentSettings:
     master_addr: str | None = None
     master_port: int | None = None
     prefix: str = ""
-    lease_ttl_s: float = 5.0
+    lease_ttl_s: float = DEFAULT_LEASE_TTL_S
     stop_grace_s: float = 5.0
     retry_s: float = 0.1
     retry_max_s: float = 2.0

@@ -256,8 +256,10 @@ def _adopted(t: Trial, expected: dict[int, int], timeout: float = 20.0) -> None:
     t.settle()
 
 
-#: Agent restarts are judged against the default agent lease (5 s): a supervisor restarts the agent
-#: well within it, so the coordinator must see nothing. (Past the lease the node is lost: ADR 0023.)
+#: Agent restarts are judged against a 5 s agent lease, as an operator who relies on supervisor
+#: restarts sets it (the 2 s default is for fast node loss, ADR 0025; a restart of the CLI takes about
+#: 1.5 s on a busy 2-core machine): a supervisor restarts the agent well within it, so the coordinator
+#: must see nothing. (Past the lease the node is lost: ADR 0023.)
 RESTART_LEASE = ("--agent-lease-ttl", "5")
 
 

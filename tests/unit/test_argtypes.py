@@ -1,4 +1,4 @@
-"""Command-line value types: a lease TTL etcd cannot grant is refused with the reason."""
+"""Command-line value types: a lease TTL etcd cannot grant is refused with the reason; one default."""
 
 from __future__ import annotations
 
@@ -24,3 +24,21 @@ def test_the_agent_flag_refuses_half_a_second(capsys: pytest.CaptureFixture[str]
     with pytest.raises(SystemExit):
         build_parser().parse_args(["agent", "--job", "j", "--agent-lease-ttl", "0.5", "--", "true"])
     assert "whole seconds" in capsys.readouterr().err
+
+
+def test_every_entry_point_defaults_to_the_same_agent_lease() -> None:
+    """One default (docs/adr/0025): the least TTL a stock etcd grants, 2 s."""
+    from recoverd.agent.msrun import MsrunLayout
+    from recoverd.agent.plugin import settings_from_env
+    from recoverd.agent.settings import DEFAULT_LEASE_TTL_S, AgentSettings
+    from recoverd.cli import adopt
+
+    assert DEFAULT_LEASE_TTL_S == 2
+    parser = build_parser()
+    agent = parser.parse_args(["agent", "--job", "j", "--nproc-per-node", "1", "--", "true"])
+    run = parser.parse_args(["run", "--nproc-per-node", "1", "--", "true"])
+    adopted = adopt.build_parser().parse_args(["--pids", "1"])
+    plugin = settings_from_env({"RECOVERD_JOB": "j", "RECOVERD_ETCD": "h:1"}, MsrunLayout(1, 1, 0))
+    settings = AgentSettings(job="j", node="n", argv=("true",), etcd="h:1")
+    assert agent.agent_lease_ttl == run.agent_lease_ttl == adopted.agent_lease_ttl == DEFAULT_LEASE_TTL_S
+    assert plugin.lease_ttl_s == settings.lease_ttl_s == DEFAULT_LEASE_TTL_S

@@ -17,6 +17,7 @@ from recoverd.coordinator.recovery import (
     TRANSITIONS,
     UPGRADE,
     CapacityReturned,
+    CommandedNodeLost,
     DeadlinePassed,
     DecisionMade,
     EmitEvent,
@@ -170,6 +171,8 @@ def plausible_event(rec: Recovery, event_type: type) -> object:
         return ParticipantsChanged(rec.participants | {"late-joiner"})
     if event_type is CapacityReturned:
         return CapacityReturned(Layout(live=frozenset({"n0", "spare0"}), spares=("spare0",)))
+    if event_type is CommandedNodeLost:
+        return CommandedNodeLost(rec.epoch, rec.command_nodes or frozenset({"n1"}))
     raise AssertionError(f"no plausible event for {event_type}")  # pragma: no cover
 
 
@@ -201,6 +204,7 @@ def test_event_union_and_table_cover_each_other() -> None:
         RecoverStatusReported,
         ParticipantsChanged,
         CapacityReturned,
+        CommandedNodeLost,
     }
     assert {event_type for _, event_type in TRANSITIONS} == set(EVENT_TYPES)
     assert {phase for phase, _ in TRANSITIONS} == set(Phase) - {Phase.FAILED}
@@ -792,6 +796,7 @@ def epoch_events(epoch: int) -> list[object]:
         DecisionMade(epoch, "retry"),
         RecoverStatusReported(epoch, "a", 0),
         DeadlinePassed(epoch),
+        CommandedNodeLost(epoch, frozenset({"n1"})),
     ]
 
 
@@ -1265,6 +1270,90 @@ def test_losing_the_last_unanswered_participant_still_needs_the_commanded_agent(
     assert (rec.phase, rec.reported, effects) == (Phase.RECOVERING, {"client.c1"}, [])
     done, effects = apply(rec, RecoverStatusReported(rec.epoch, "agent.n1", 0, rec.strategy), now + 0.2)
     assert done.phase is Phase.DONE
+
+
+# A commanded node that dies before confirming fails the strategy at its lease's expiry (the shell
+# sends CommandedNodeLost for every commanded node it does not see live), not at the deadline.
+
+LOST_WHY = "commanded node(s) ['n1'] lost before confirming (lease expired)"
+
+
+def test_a_commanded_node_lost_before_confirming_fails_the_strategy_at_once() -> None:
+    rec, now = walk("RECOVERING", participants=("agent.n0", "agent.n1"))
+    assert rec.command_nodes == {"n1"} and now + 0.1 < rec.deadline_at
+    rec, _ = apply(rec, ParticipantsChanged(frozenset({"agent.n0"})), now + 0.1)  # the same pass, first
+    new, effects = apply(rec, CommandedNodeLost(rec.epoch, frozenset({"n1"})), now + 0.1)
+    assert (new.phase, new.epoch, new.strategy, new.command_nodes) == (
+        Phase.DECIDING,
+        rec.epoch + 1,
+        "",
+        frozenset(),
+    )
+    assert new.deadline_at == now + 0.1 + T.decide_s
+    assert new.failed_strategies == (("recover-in-place", LOST_WHY),)
+    assert non_emit(effects) == [RecordOutcome("recover-in-place", (3,), ok=False)]
+    assert reasons(effects) == ["strategy_failed"]
+
+
+def test_a_commanded_node_lost_during_an_exit_fails_the_job() -> None:
+    rec, now = walk("RECOVERING", participants=("agent.n0",), strategy="exit", nodes=("n0", "n1"))
+    new, effects = apply(rec, CommandedNodeLost(rec.epoch, frozenset({"n1"})), now + 0.1)
+    assert new.phase is Phase.FAILED and new.outcome == f"failed: exit failed: {LOST_WHY}"
+    assert FinishJob(succeeded=False, reason=f"exit failed: {LOST_WHY}") in effects
+    assert PublishSignal("killMaster", ()) in effects
+
+
+def test_the_spare_of_a_recover_lost_before_starting_the_ranks_fails_the_recover() -> None:
+    rec, now = walk("DECIDING")  # rank 3 on n1 failed
+    decision = DecisionMade(rec.epoch, "recover", ("spare",), nodes=("n0", "n1"), moves=(("n1", "s0"),), layout=LAYOUT)
+    rec, _ = apply(rec, decision, now)
+    rec, _ = apply(rec, RecoverStatusReported(rec.epoch, "agent.n1", 0, "recover"), now)  # n1 released its ranks
+    new, effects = apply(rec, CommandedNodeLost(rec.epoch, frozenset({"s0"})), now + 1)
+    assert (new.phase, new.epoch) == (Phase.DECIDING, rec.epoch + 1)
+    assert new.failed_strategies == (("recover", "commanded node(s) ['s0'] lost before confirming (lease expired)"),)
+    assert non_emit(effects) == [RecordOutcome("recover", (2, 3), ok=False)]
+
+
+@pytest.mark.parametrize(
+    "nodes",
+    [frozenset({"n0"}), frozenset({"n7"}), frozenset()],
+    ids=["a node not commanded", "a stranger", "nobody"],
+)
+def test_losing_a_node_that_was_not_commanded_changes_nothing(nodes: frozenset[str]) -> None:
+    rec, now = walk("RECOVERING", participants=("agent.n0", "agent.n1"))
+    same, effects = apply(rec, CommandedNodeLost(rec.epoch, nodes), now)
+    assert same is rec and effects == []
+
+
+def test_a_commanded_node_lost_after_confirming_changes_nothing() -> None:
+    # Its ranks, if they run, are lost-node faults of their own (the shell reports those first).
+    rec, now = walk("RECOVERING", participants=("agent.n0", "agent.n1"))
+    rec, _ = apply(rec, RecoverStatusReported(rec.epoch, "agent.n1", 0, rec.strategy), now)
+    same, effects = apply(rec, CommandedNodeLost(rec.epoch, frozenset({"n1"})), now + 0.1)
+    assert same is rec and effects == []
+    done, _ = apply(rec, RecoverStatusReported(rec.epoch, "agent.n0", 0, rec.strategy), now + 0.2)
+    assert done.phase is Phase.DONE
+
+
+def test_a_node_lost_before_it_was_commanded_is_awaited_until_the_deadline() -> None:
+    """An `exit` commands every node still holding ranks, a lost one too: its agent may come back and
+    carry the command out (docs/adr/0023), so its absence is not news, and the deadline decides."""
+    lost = FaultInfo("lost.n1.r3.g0.c0", 3, "n1", source="lease", detected_at=T0)
+    rec, now = walk("RECOVERING", participants=("agent.n0",), strategy="exit", faults=(lost,))
+    assert rec.command_nodes == {"n0", "n1"}
+    same, effects = apply(rec, CommandedNodeLost(rec.epoch, frozenset({"n1"})), now + 0.1)
+    assert same is rec and effects == []
+    rec, _ = apply(rec, RecoverStatusReported(rec.epoch, "agent.n1", 0, "exit"), now + 1)  # it came back
+    rec, _ = apply(rec, RecoverStatusReported(rec.epoch, "agent.n0", 0, "exit"), now + 1)
+    assert (rec.phase, rec.outcome) == (Phase.DONE, "succeeded")
+
+
+def test_only_the_nodes_not_known_lost_count() -> None:
+    lost = FaultInfo("lost.n1.r3.g0.c0", 3, "n1", source="lease", detected_at=T0)
+    rec, now = walk("RECOVERING", participants=("agent.n0",), strategy="exit", faults=(lost,), nodes=("n0", "n2"))
+    new, _ = apply(rec, CommandedNodeLost(rec.epoch, frozenset({"n1", "n2"})), now)
+    assert new.phase is Phase.FAILED
+    assert "commanded node(s) ['n2'] lost before confirming" in new.outcome
 
 
 @pytest.mark.parametrize("state", STATES)

@@ -26,6 +26,7 @@ from recoverd.coordinator.recovery import (
     TRANSITIONS,
     UPGRADE,
     CapacityReturned,
+    CommandedNodeLost,
     DeadlinePassed,
     DecisionMade,
     FaultInfo,
@@ -114,6 +115,7 @@ def draw_event(rec: Recovery, pick: Pick) -> tuple[object, bool, float]:
             rank=pick(range(4)),
             node=pick(("n0", "n1", "n2")),
             fault_type=pick(("0", "1")),
+            source=pick(("agent", "agent", "lease")),  # "lease": a node known lost before its command
         )
         return FaultReported(info, pick(GROUPS)), False, dt
     if kind == "deadline":
@@ -134,6 +136,12 @@ def draw_event(rec: Recovery, pick: Pick) -> tuple[object, bool, float]:
     if kind == "capacity":
         spares = pick(((), ("s0",), ("s0", "s1")))
         return CapacityReturned(Layout(live=frozenset({"n0", *spares}), spares=spares)), False, dt
+    if rec.command_nodes and pick((False, False, True)):
+        # What the shell sends after the participants changed when a commanded node's agent is gone
+        # (sometimes naming nodes that do not count: not commanded, or strangers).
+        commanded = sorted(rec.command_nodes)
+        nodes = pick((frozenset(commanded), frozenset(commanded[:1]), frozenset({"n0", "n9"}), frozenset()))
+        return CommandedNodeLost(epoch, nodes), False, dt
     # Sometimes every participant that has not answered yet is lost (the guard of a completion by
     # ParticipantsChanged, which random groups rarely hit once commanded agents must answer too).
     return ParticipantsChanged(pick((*GROUPS, rec.participants & rec.reported))), False, dt
@@ -210,6 +218,11 @@ class Checker:
         if isinstance(event, DeadlinePassed) and prev.phase is Phase.RECOVERING and new is not prev:
             if commanded_agents(prev) - prev.participants - prev.reported:
                 self.seen.add("recovering deadline waiting for a commanded agent")
+        if isinstance(event, CommandedNodeLost) and prev.phase is Phase.RECOVERING and event.epoch == prev.epoch:
+            if new is not prev:
+                self.seen.add("a commanded node died before confirming")
+            elif event.nodes & prev.command_nodes - {n for n in prev.command_nodes if of_node(n) in prev.reported}:
+                self.seen.add("a commanded node known lost before its command is awaited")
 
     def check(self, prev: Recovery, new: Recovery, effects: list[object], event: object, now: float) -> None:
         key = (prev.phase, type(event))
@@ -343,6 +356,21 @@ class Checker:
                 assert commanded_agents(prev) <= answered
             elif isinstance(event, (ParticipantsChanged, *REPORTS)) and getattr(event, "code", 0) == 0:
                 assert not (after.participants and required(after) <= answered)
+        # A commanded node lost before confirming fails the strategy at once, unless the recovery
+        # already knew it as lost (lease faults) when it was commanded; nothing else counts.
+        if isinstance(event, CommandedNodeLost) and key in TRANSITIONS and event.epoch == prev.epoch:
+            known_lost = {f.node for f in prev.faults if f.source == "lease"}
+            died = sorted(
+                n for n in prev.command_nodes & event.nodes if of_node(n) not in prev.reported and n not in known_lost
+            )
+            if died:
+                assert new.phase in (Phase.DECIDING, Phase.FAILED) and new.epoch == prev.epoch + (
+                    new.phase is Phase.DECIDING
+                )
+                why = new.failed_strategies[-1][1] if new.phase is Phase.DECIDING else new.outcome
+                assert why.endswith(f"commanded node(s) {died} lost before confirming (lease expired)"), why
+            else:
+                assert new is prev and effects == []
         # A missed RECOVERING deadline names everyone required who did not answer.
         if isinstance(event, DeadlinePassed) and prev.phase is Phase.RECOVERING and new is not prev:
             missing = sorted(required(prev) - prev.reported)
@@ -480,4 +508,6 @@ def test_seeded_walks_exercise_every_table_entry() -> None:
         "recovering deadline waiting for a commanded agent",
         "dump saved, exit follows",
         "exit after dump failed",
+        "a commanded node died before confirming",
+        "a commanded node known lost before its command is awaited",
     }

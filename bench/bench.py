@@ -189,15 +189,23 @@ def rank_pid(job: Job, rank: int) -> int:
             return None
 
         return int(wait(f"rank {rank} running", running, 30))
-    for child in psutil.Process(job.proc.pid).children(recursive=True):
-        try:
-            env = child.environ()
-        except psutil.Error:
-            continue
-        if env.get("RANK") == str(rank) and "RECOVERD_WARM_SPARE_FD" not in env and child.name().startswith("python"):
-            if any("ddp_train.py" in part or "worker.py" in part for part in child.cmdline()):
-                return child.pid
-    raise SystemExit(f"bench: rank {rank} not found")
+
+    def worker() -> int | None:
+        # torchrun may be between attempts (its workers restarting): looked for until it is back.
+        for child in psutil.Process(job.proc.pid).children(recursive=True):
+            try:
+                env = child.environ()
+                if env.get("RANK") != str(rank) or "RECOVERD_WARM_SPARE_FD" in env:
+                    continue
+                if child.name().startswith("python") and any(
+                    "ddp_train.py" in part or "worker.py" in part for part in child.cmdline()
+                ):
+                    return int(child.pid)
+            except psutil.Error:
+                continue
+        return None
+
+    return int(wait(f"torchrun's rank {rank}", worker, 60))
 
 
 def ctl_view(endpoint: str, job: str) -> Any:

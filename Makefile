@@ -7,6 +7,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH_STAMP := $(VENV)/.torch-installed
 PYTEST_ARGS ?=
+## Tests run in parallel processes (pytest-xdist): most of their time is waiting on processes and
+## etcd, so two workers halve the wall time even on two cores. PYTEST_WORKERS=0 runs them in one.
+PYTEST_WORKERS ?= 2
 
 .PHONY: all venv torch demo-torch bench bench-hangs bench-node-loss proto demo test test-unit chaos lint format typecheck clean fresh-clone-test msrun-venv test-msrun
 
@@ -48,8 +51,9 @@ bench: $(TORCH_STAMP)
 	$(PY) -m pip install --quiet -r requirements-bench.txt
 	$(PY) bench/bench.py $(BENCH_ARGS)
 
-## Hang detection: SIGSTOP of a rank -> its hang fault, 0.1 s and 2.5 s steps (~3 min; bench/results/hangs.*).
-bench-hangs: $(STAMP)
+## Hang detection: SIGSTOP of a rank -> its hang fault, 0.1 s and 2.5 s steps, and two PyTorch jobs
+## whose collectives block for good (~6 min; bench/results/hangs.*).
+bench-hangs: $(TORCH_STAMP)
 	$(PY) bench/hangs.py $(BENCH_ARGS)
 
 ## Node loss (docs/adr/0025): SIGKILL of a node's agent and ranks -> the coordinator's lost-node fault,
@@ -61,7 +65,7 @@ bench-node-loss: $(STAMP)
 
 ## Lint, type-check, then every test (unit and end-to-end against a throwaway etcd).
 test: $(STAMP) $(TORCH_STAMP) lint typecheck
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 ## Every chaos scenario, repeated (~15 min): control-plane kills, etcd restarts, mass rank kills,
 ## bad input, agent restarts and partitions; writes tests/chaos/results/ (docs/reliability.md).

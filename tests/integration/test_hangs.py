@@ -27,8 +27,8 @@ pytestmark = pytest.mark.etcd
 #: machine; these tests check that only the hung rank is restarted, so they give the phases time.
 PATIENT = ["--stop-timeout", "30", "--strategies-timeout", "30", "--recover-timeout", "60"]
 
-#: A short start-up allowance and straggler window so the tests do not wait minutes; the learned
-#: timeout is the default's.
+#: A short start-up allowance and straggler window so the tests do not wait long; the learned
+#: timeout is the default's (measured by ``make bench-hangs``).
 POLICY = """
 strategies: [recover-in-place, exit]
 hang:

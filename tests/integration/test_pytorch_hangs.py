@@ -5,9 +5,10 @@ ladder.
   the step's all-reduce (gloo's timeout is an hour: they would wait "forever"). The trainer reports
   progress and, from the peers, that they wait in a collective: only rank 2 is a fault (stopped);
   the peers keep their processes and every rank ends with bitwise the same parameters.
-* Plain torch.distributed + DDP with one ``taskd_client.heartbeat(step)`` per step: rank 1
-  deadlocks, its peers block in DDP's all-reduce forever; they cannot say they wait, so all four
-  are hangs, restarted in place, and the job finishes.
+
+The plain torch.distributed + DDP case (one ``heartbeat(step)`` per step, a deadlocked rank, its
+peers blocked in DDP's all-reduce for good: all four are hangs, restarted, the job finishes) is
+measured by ``make bench-hangs`` (bench/hangs.py), to keep ``make test`` short.
 """
 
 from __future__ import annotations
@@ -102,26 +103,3 @@ def test_a_sigstopped_rank_blocks_its_peers_in_all_reduce_only_it_is_recovered(
     for rank in (0, 1, 3):  # the victims kept their processes: they waited in a collective
         assert after[rank].pid == before[rank].pid and after[rank].restart_count == 0, log
     assert after[2].restart_count == 1
-
-
-def test_plain_ddp_with_a_heartbeat_a_deadlocked_rank_and_its_blocked_peers_are_restarted(
-    cluster: Cluster, tmp_path: Path
-) -> None:
-    job = "torch-plain"
-    cluster.coordinator(extra=PATIENT)
-    cluster.strategy()
-    worker = (
-        "--launcher", "torchrun", "--steps", "60", "--step-sleep", "0.02", "--collective-timeout", "3600",
-        "--hang-rank", "1", "--hang-at-step", "20",
-    )  # fmt: skip
-    cluster.agent(job, nproc=4, worker=worker, extra=["--policy", _policy(tmp_path), "--master-addr", "127.0.0.1"])
-    before = cluster.wait_running(job, 4, timeout=120)
-    cluster.wait_for("rank 1 to deadlock", lambda: "deadlocking at step 20" in _log(cluster, job, 1), timeout=120)
-
-    recovery = _done_recovery(cluster, job)
-    assert {f.kind for f in recovery.faults} == {"hang"}
-    assert 1 in {f.rank for f in recovery.faults}
-    assert cluster.wait_exit("agent-node0", timeout=180) == 0, cluster.logs()
-    after = cluster.ranks(job)
-    assert after[1].pid != before[1].pid
-    assert all(re.search(rf"^rank {r} final sha256", _log(cluster, job, r), re.M) for r in range(4))

@@ -158,3 +158,39 @@ def test_ranks_in_lockstep_are_not_stragglers() -> None:
         for rank in range(8):
             tracker.progress(rank, 100 + rank, tick, float(tick) + rank * 0.001)
         assert tracker.stragglers(float(tick) + 0.5) == []
+
+
+def test_a_victim_waits_at_least_the_start_up_allowance_so_a_slow_peer_restarts_nobody() -> None:
+    tracker = ProgressTracker(HangRules(multiplier=3, floor_s=5, startup_s=60, warmup_steps=0))
+    tracker.started(0, 100, now=0.0)
+    tracker.progress(0, 100, 0, now=0.0)
+    tracker.progress(0, 100, 0, now=0.5, waiting=True)  # re-forming its group: waits for a replacement
+    assert tracker.hangs(now=59.0) == []
+    assert [h.rank for h in tracker.hangs(now=60.5)] == [0]  # everyone waiting for good is still found
+
+
+def test_a_periodic_long_step_seen_within_the_hour_is_not_a_hang() -> None:
+    tracker = ProgressTracker(HangRules(multiplier=3, floor_s=5, startup_s=1, warmup_steps=0))
+    tracker.started(0, 100, now=0.0)
+    now, step, hangs = 0.0, 0, []
+    for _minute in range(10):
+        for _ in range(500):  # 50 s of 0.1 s steps, 2,500 reports between two evaluations
+            now += 0.1
+            step += 1
+            tracker.progress(0, 100, step, now)
+            hangs += tracker.hangs(now)
+        now += 8.0  # an 8 s evaluation every minute
+        hangs += tracker.hangs(now - 0.01)
+        step += 1
+        tracker.progress(0, 100, step, now)
+    assert len(hangs) == 1  # only the first evaluation, before one was ever seen (the floor is 5 s)
+
+
+def test_waiting_survives_the_end_of_a_recovery() -> None:
+    tracker = ProgressTracker(HangRules(multiplier=3, floor_s=5, startup_s=30, warmup_steps=0))
+    tracker.started(0, 100, now=0.0)
+    tracker.progress(0, 100, 0, now=0.0)
+    tracker.progress(0, 100, 0, now=1.0, waiting=True)
+    tracker.pause()
+    tracker.resume(now=10.0)
+    assert tracker.hangs(now=10.0 + 59.0) == []  # still a victim: 2 x the 30 s allowance

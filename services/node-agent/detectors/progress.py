@@ -7,15 +7,18 @@ log pattern is never called hung). Its timeout is
 * during **warm-up** (the first ``warmup_steps`` progress reports after it started, and again after
   each recovery of the job): ``startup_s``, or the learned timeout if longer — start-up, compiling
   and the first steps are slow;
-* afterwards, **fixed** (``timeout_s``) or **learned**: ``multiplier`` x the longest recent time
-  between progress reports (so a periodic slow step seen lately is not a hang), and never less
-  than ``floor_s``. Warm-up intervals are not learned from.
+* afterwards, **fixed** (``timeout_s``) or **learned**: ``multiplier`` x the longest time between
+  progress reports within the last hour (so a periodic slow step seen in it is not a hang), and
+  never less than ``floor_s``. Warm-up intervals are not learned from.
 
 Progress is a step that changed (or, for a client that sends no step numbers, each report): a
 heartbeat thread that keeps reporting the same step is not progress. A rank that said it **waits
 in a collective** is likelier the victim of a hung peer than the culprit, so it is given
-``victim_factor`` x its timeout: the culprit's own node reports it first, the recovery that follows
-releases the victims, and nobody restarts a healthy rank. A rank whose process is stopped
+``victim_factor`` x its timeout, and at least the start-up allowance: the culprit's own node
+reports it first, the recovery that follows releases the victims, and nobody restarts a healthy
+rank that waits for a slow peer (a re-forming group on a loaded machine, a replacement still
+importing its framework); a stall where every rank waits is still found, after the allowance.
+A rank whose process is stopped
 (SIGSTOP) is a culprit whatever it said last.
 
 A **straggler** is a rank whose time per step (the work it reports, ``busy_s``, when it does, else the
@@ -34,9 +37,12 @@ from recoverd.records import pb
 
 __all__ = ["Hang", "HangRules", "ProgressTracker", "StragglerChange"]
 
-#: Recent intervals kept: the timeout follows the longest of them, so a periodic long step (an
-#: evaluation, a checkpoint) seen within the last this-many steps is not taken for a hang.
-_INTERVALS_KEPT = 256
+#: The timeout follows the longest interval seen within this long (kept as one maximum per
+#: minute), so a periodic long step (an evaluation, a checkpoint) seen within the last hour is not
+#: taken for a hang; the first one is covered only by the floor, a fixed timeout or a heartbeat
+#: from inside it.
+HISTORY_S = 3600.0
+_BUCKET_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,13 +126,25 @@ class _Rank:
     last_step: int | None = None
     #: Progress reports since the incarnation started (or since the last recovery ended).
     reports_since_warmup: int = 0
-    intervals: deque[float] = field(default_factory=lambda: deque(maxlen=_INTERVALS_KEPT))
+    #: (minute bucket start, longest interval in it), the last :data:`HISTORY_S` of them.
+    intervals: deque[tuple[float, float]] = field(default_factory=deque)
     #: (when, seconds per step) samples for stragglers.
     samples: deque[tuple[float, float]] = field(default_factory=deque)
     waiting: bool = False
     hang_reported: bool = False
     slow_since: float | None = None
     is_straggler: bool = False
+
+
+def _remember(buckets: deque[tuple[float, float]], now: float, interval: float) -> None:
+    """Keep the longest interval per minute, for the last :data:`HISTORY_S` (bounded memory)."""
+    start = now - now % _BUCKET_S
+    if buckets and buckets[-1][0] == start:
+        buckets[-1] = (start, max(buckets[-1][1], interval))
+    else:
+        buckets.append((start, interval))
+    while buckets and buckets[0][0] < now - HISTORY_S:
+        buckets.popleft()
 
 
 class ProgressTracker:
@@ -162,7 +180,7 @@ class ProgressTracker:
             # Warm-up intervals (start-up, compiling, the first steps; a recovery) teach nothing
             # about the step time: learned from the steps after them only.
             interval = now - state.last_progress_at
-            state.intervals.append(interval)
+            _remember(state.intervals, now, interval)
             steps = step - state.last_step if step is not None and state.last_step is not None else 1
             per_step = (busy_s if busy_s is not None else interval) / max(1, abs(steps))
             state.samples.append((now, per_step))
@@ -182,9 +200,9 @@ class ProgressTracker:
         self._paused = False
         for state in self._ranks.values():
             if state.last_progress_at is not None:
+                # Waiting is kept: a survivor still waits for its replacement after the recovery.
                 state.last_progress_at = now
                 state.reports_since_warmup = 0
-                state.waiting = False
             state.samples.clear()
             state.slow_since = None
 
@@ -198,7 +216,7 @@ class ProgressTracker:
         if rules.timeout_s > 0:
             timeout, basis = rules.timeout_s, "fixed by the job's policy"
         elif state.intervals:
-            typical = max(state.intervals)
+            typical = max(longest for _, longest in state.intervals)
             learned = rules.multiplier * typical
             if learned >= rules.floor_s:
                 timeout, basis = learned, f"{rules.multiplier:g} x the observed step time {typical:.2f}s"
@@ -223,7 +241,7 @@ class ProgressTracker:
                 continue
             deadline = state.last_progress_at + judged[0]
             if state.waiting and deadline < now:
-                deadline = state.last_progress_at + judged[0] * self.rules.victim_factor
+                deadline = state.last_progress_at + self._victim_timeout(judged[0])
             deadlines.append(deadline)
         return min(deadlines, default=None)
 
@@ -244,13 +262,17 @@ class ProgressTracker:
                 continue
             stopped = is_stopped(state.pid)
             if state.waiting and not stopped:
-                if silent <= timeout * self.rules.victim_factor:
+                victim = self._victim_timeout(timeout)
+                if silent <= victim:
                     continue  # likelier a victim: give the culprit's node time to report it
-                basis += f"; waiting in a collective, given {self.rules.victim_factor:g} x that"
-                timeout *= self.rules.victim_factor
+                basis += f"; waiting in a collective, given {victim:.1f}s"
+                timeout = victim
             state.hang_reported = True
             found.append(Hang(rank, state.pid, silent, timeout, basis, state.last_step, state.waiting, stopped))
         return found
+
+    def _victim_timeout(self, timeout: float) -> float:
+        return max(timeout * self.rules.victim_factor, self.rules.startup_s)
 
     def stragglers(self, now: float) -> list[StragglerChange]:
         """Ranks that became stragglers or stopped being ones since the last call."""

@@ -22,6 +22,7 @@ signal nobody handles.
 from __future__ import annotations
 
 import json
+import operator
 import os
 import socket
 import threading
@@ -64,8 +65,13 @@ class ProgressReporter:
         seconds of this rank's own work since the last report, not counting collective waits)."""
         if not self.enabled:
             return
-        if busy_s is not None:
-            self._busy_unsent = (self._busy_unsent or 0.0) + busy_s
+        try:  # never into the training loop: a numpy or tensor step is taken, anything else ignored
+            step = operator.index(step) if step is not None else None
+            busy = float(busy_s) if busy_s is not None else None
+        except Exception:
+            return
+        if busy is not None and busy >= 0:
+            self._busy_unsent = (self._busy_unsent or 0.0) + busy
         now = time.monotonic()
         if now - self._last_sent < self.min_interval_s:
             return
@@ -91,8 +97,8 @@ class ProgressReporter:
                 self._sock.sendto(json.dumps(message, separators=(",", ":")).encode(), address)
                 self._last_sent = now
                 return True
-            except OSError:
-                self.failed += 1  # no agent (yet), or its buffer is full: the next report tries again
+            except Exception:  # OSError: no agent (yet), or its buffer is full; anything else: ours
+                self.failed += 1  # the next report tries again
                 return False
 
     def _arm(self) -> None:

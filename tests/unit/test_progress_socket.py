@@ -8,6 +8,7 @@ import os
 import secrets
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -130,3 +131,39 @@ def test_a_sender_belongs_to_a_rank_only_from_the_ranks_process_group() -> None:
         for proc in (leader, member, outsider):
             proc.kill()
             proc.wait()
+
+
+def test_deeply_nested_json_is_refused_not_a_crash() -> None:
+    with pytest.raises(BadRecord):
+        parse_report(b"[" * 4000, sender_pid=1)
+
+
+def test_the_client_never_raises_into_the_training_loop() -> None:
+    reporter = ProgressReporter(address=f"@recoverd-test-{secrets.token_hex(8)}", rank=0, min_interval_s=0)
+
+    class Odd:
+        def __index__(self) -> int:
+            raise RuntimeError("no")
+
+    reporter.heartbeat(Odd())  # type: ignore[arg-type]
+    reporter.heartbeat("seven")  # type: ignore[arg-type]
+    reporter.heartbeat(3, busy_s="x")  # type: ignore[arg-type]
+    reporter.waiting(object())  # type: ignore[arg-type]
+
+
+def test_log_lines_are_read_whole_up_to_carriage_returns_and_an_endless_line_does_not_stop_reading(
+    tmp_path: Path,
+) -> None:
+    import re
+
+    from recoverd.agent.detectors.hang import _CHUNK, _match_new
+
+    log = tmp_path / "rank0.log"
+    pattern = re.compile(r"step (?P<step>\d+)")
+    log.write_bytes(b"noise\nstep 1\rstep 2\rstep 3 still writ")
+    matched, step, offset = _match_new(str(log), 0, pattern)
+    assert (matched, step) == (True, 2) and offset == len(b"noise\nstep 1\rstep 2\r")
+    log.write_bytes(b"x" * (_CHUNK + 10) + b"\nstep 9\n")
+    first = _match_new(str(log), 0, pattern)
+    assert first[0] is False and first[2] == _CHUNK  # a chunk with no line end is taken whole
+    assert _match_new(str(log), first[2], pattern)[:2] == (True, 9)

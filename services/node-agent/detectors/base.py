@@ -102,6 +102,9 @@ class Detected:
     stacks: tuple[pb.RankStack, ...] = ()
     #: When it was observed (wall clock); None: now. A hang is judged before its stacks are taken.
     detected_at: float | None = None
+    #: (pid, generation, restart count) of the incarnation observed, for reports made after a wait
+    #: (a hang's stacks): dropped if the rank has been restarted since. None: the current one.
+    incarnation: tuple[int, int, int] | None = None
 
 
 class DetectorHost(Protocol):

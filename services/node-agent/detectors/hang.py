@@ -41,8 +41,17 @@ log = logging.getLogger(__name__)
 JUDGE_AT_LEAST_EVERY_S = 0.5
 #: How often log files are read for the pattern, and stragglers are judged.
 SLOW_EVERY_S = 0.5
-#: Longest log line matched (a longer one is cut).
-_MAX_LINE = 64 * 1024
+#: Longest log line matched (a longer one is cut: a regular expression over a long line can take
+#: seconds).
+_MAX_LINE = 4096
+#: The judge woke this much later than it asked: the agent itself stalled.
+STALL_S = 1.0
+DROPPED_NOTE_EVERY_S = 60.0
+_CHUNK = 1024 * 1024
+
+
+def _incarnation(slot: RankSlot) -> tuple[int, int, int]:
+    return (slot.proc.pid if slot.proc is not None else 0, slot.generation, slot.restart_count)
 
 
 def is_stopped(pid: int) -> bool:
@@ -84,6 +93,7 @@ class HangDetector(Detector):
         self._warned: set[str] = set()
         self.socket: ProgressSocket | None = None
         self._captures: set[asyncio.Task[None]] = set()
+        self._dropped_noted_at = float("-inf")
 
     # ------------------------------------------------------------ the agent's hooks
     def rank_started(self, slot: RankSlot) -> None:
@@ -113,6 +123,8 @@ class HangDetector(Detector):
         spec = self.host.spec()
         assert spec is not None, "detectors run once the agent has joined"
         self._apply_policy()
+        # Started again after a failure: reports went unheard meanwhile, so nobody's silence counts.
+        self.tracker.resume(time.monotonic())
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._receive(address_for(spec.uid, self.host.node)))
@@ -121,8 +133,8 @@ class HangDetector(Detector):
         finally:
             if self.socket is not None:
                 self.socket.close()
-            for task in self._captures:
-                task.cancel()
+                self.socket = None
+            # Stack captures in flight are left to finish: their hangs are reported either way.
 
     async def _receive(self, address: str) -> None:
         """Bind the progress socket (again and again while a previous agent of this node still
@@ -140,6 +152,13 @@ class HangDetector(Detector):
         self.socket = sock
         async for report in sock.reports():
             self._on_report(report)
+
+    def _drain(self) -> None:
+        """Take every report already queued on the socket: after a stall of the agent's own loop,
+        reports that arrived meanwhile must count before anyone's silence is judged."""
+        if self.socket is not None:
+            for report in self.socket.pending():
+                self._on_report(report)
 
     def _on_report(self, report: ProgressReport) -> None:
         slot = self.host.ranks().get(report.rank)
@@ -159,10 +178,20 @@ class HangDetector(Detector):
             now = time.monotonic()
             deadline = self.tracker.next_deadline(now)
             wait = JUDGE_AT_LEAST_EVERY_S if deadline is None else deadline - now + 0.001
-            await asyncio.sleep(min(max(wait, 0.001), JUDGE_AT_LEAST_EVERY_S))
+            asked = min(max(wait, 0.001), JUDGE_AT_LEAST_EVERY_S)
+            await asyncio.sleep(asked)
+            if time.monotonic() - now - asked > STALL_S:
+                # This agent did not run for a while (a stalled host, a loaded machine): nobody is
+                # judged on a silence the agent itself may have caused.
+                self.tracker.resume(time.monotonic())
+                continue
             self._apply_policy()
-            for hang in self.tracker.hangs(time.monotonic(), is_stopped):
-                task = asyncio.create_task(self._report_hang(hang), name=f"hang-r{hang.rank}")
+            self._drain()
+            hangs = self.tracker.hangs(time.monotonic(), self._is_stopped)
+            if hangs:  # one capture of the node's stacks for every hang found together
+                slots = self.host.ranks()
+                incarnations = {h.rank: _incarnation(slots[h.rank]) for h in hangs if h.rank in slots}
+                task = asyncio.create_task(self._report_hangs(hangs, incarnations), name="hang-stacks")
                 self._captures.add(task)
                 task.add_done_callback(self._captures.discard)
 
@@ -174,17 +203,23 @@ class HangDetector(Detector):
                 await self._read_logs(self._pattern)
             for change in self.tracker.stragglers(time.monotonic()):
                 self._report_straggler(change)
-            if self.socket is not None and self.socket.dropped:
-                dropped, problem = self.socket.take_dropped()
-                self.host.note("progress_report_dropped", f"{dropped} progress report(s) dropped; last: {problem}")
+            self._note_dropped()
 
     # ------------------------------------------------------------ what is found
-    async def _report_hang(self, hang: Hang) -> None:
+    async def _report_hangs(self, hangs: list[Hang], incarnations: dict[int, tuple[int, int, int]]) -> None:
         judged_at = time.time()
-        stacks = await self._stacks(hang.rank)
-        self.host.report(
-            Detected(rank=hang.rank, kind=FaultKind.HANG, detail=hang.describe(), stacks=stacks, detected_at=judged_at)
-        )
+        stacks = await self._stacks(hangs[0].rank)
+        for hang in hangs:
+            self.host.report(
+                Detected(
+                    rank=hang.rank,
+                    kind=FaultKind.HANG,
+                    detail=hang.describe(),
+                    stacks=stacks if hang is hangs[0] else (),  # one copy: the stacks are the node's
+                    detected_at=judged_at,
+                    incarnation=incarnations.get(hang.rank),
+                )
+            )
 
     async def _stacks(self, hung_rank: int) -> tuple[pb.RankStack, ...]:
         """The Python stacks of the hung rank and of its node's running peers (best effort; the
@@ -245,21 +280,33 @@ class HangDetector(Detector):
                 continue
             key = (rank, proc.pid)
             offset = self._log_offsets.get(key, 0)
-            chunk, offset = await asyncio.to_thread(_read_new, proc.log_path, offset)
+            # Read and matched on a worker thread: neither may hold up the agent's loop.
+            matched, step, offset = await asyncio.to_thread(_match_new, proc.log_path, offset, pattern)
             self._log_offsets[key] = offset
-            step: int | None = None
-            matched = False
-            for line in chunk.splitlines():
-                found = pattern.search(line[:_MAX_LINE])
-                if found is None:
-                    continue
-                matched = True
-                text = found.groupdict().get("step")
-                if text is not None and text.isdigit():
-                    step = int(text)
             if matched:
                 # Without a step number each poll with a match is one step of progress.
                 self.tracker.progress(rank, proc.pid, step, time.monotonic())
+
+    def _is_stopped(self, rank_pid: int) -> bool:
+        """The rank's process, or the process that reports for it (a wrapper's Python child), is
+        stopped."""
+        if is_stopped(rank_pid):
+            return True
+        slots = self.host.ranks()
+        return any(
+            is_stopped(reporter.pid)
+            for rank, reporter in self._reporters.items()
+            if rank in slots and slots[rank].proc is not None and slots[rank].proc.pid == rank_pid  # type: ignore[union-attr]
+        )
+
+    def _note_dropped(self) -> None:
+        """At most one event a minute about dropped reports (a flood must not flood etcd too)."""
+        now = time.monotonic()
+        if self.socket is None or not self.socket.dropped or now - self._dropped_noted_at < DROPPED_NOTE_EVERY_S:
+            return
+        self._dropped_noted_at = now
+        dropped, problem = self.socket.take_dropped()
+        self.host.note("progress_report_dropped", f"{dropped} progress report(s) dropped; last: {problem}")
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -268,15 +315,34 @@ class HangDetector(Detector):
 
 
 def _read_new(path: str, offset: int) -> tuple[str, int]:
-    """The text appended to ``path`` since ``offset`` (from the start if it was truncated)."""
+    """The text appended to ``path`` since ``offset`` (from the start if it was truncated), up to
+    its last line end (a newline, or a carriage return: progress bars rewrite one line); a whole
+    chunk with no line end is taken as it is, so one endless line cannot stop the reading."""
     try:
         with open(path, "rb") as log_file:
             size = os.fstat(log_file.fileno()).st_size
             if size < offset:
                 offset = 0
             log_file.seek(offset)
-            data = log_file.read(min(size - offset, 4 * 1024 * 1024))
+            data = log_file.read(min(size - offset, _CHUNK))
     except OSError:
         return "", offset
-    cut = data.rfind(b"\n") + 1  # a line still being written is read next time, whole
+    cut = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1  # a line still being written: next time
+    if cut == 0 and len(data) == _CHUNK:
+        cut = len(data)
     return data[:cut].decode("utf-8", "replace"), offset + cut
+
+
+def _match_new(path: str, offset: int, pattern: re.Pattern[str]) -> tuple[bool, int | None, int]:
+    """(a line matched, the last step number a match gave, the new offset)."""
+    chunk, offset = _read_new(path, offset)
+    matched, step = False, None
+    for line in chunk.replace("\r", "\n").split("\n"):
+        found = pattern.search(line[:_MAX_LINE])
+        if found is None:
+            continue
+        matched = True
+        text = found.groupdict().get("step")
+        if text is not None and text.isdigit():
+            step = int(text)
+    return matched, step, offset

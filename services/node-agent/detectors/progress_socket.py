@@ -34,6 +34,8 @@ __all__ = ["MAX_REPORT", "ProgressReport", "ProgressSocket", "address_for", "par
 #: Largest datagram read; longer ones are cut by the kernel and then fail to parse (dropped).
 MAX_REPORT = 4096
 _CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
+#: Datagrams read before the receive loop lets the agent's other tasks run.
+_BATCH = 64
 
 
 def address_for(run_uid: str, node: str) -> str:
@@ -68,8 +70,8 @@ def parse_report(data: bytes, sender_pid: int) -> ProgressReport:
         raise BadRecord(f"progress report of {len(data)} bytes is too long")
     try:
         fields = json.loads(data)
-    except (UnicodeDecodeError, ValueError) as err:
-        raise BadRecord(f"progress report is not JSON: {err}") from None
+    except Exception as err:  # any bytes at all: ValueError, and RecursionError for "[[[[..."
+        raise BadRecord(f"progress report is not JSON: {type(err).__name__}") from None
     if not isinstance(fields, dict) or fields.get("v") != 1:
         raise BadRecord("progress report is not a version-1 object")
 
@@ -110,6 +112,7 @@ class ProgressSocket:
         #: Datagrams dropped since the last :meth:`take_dropped` (undecodable or no credentials).
         self.dropped = 0
         self.last_problem = ""
+        self._last_batch = 0
 
     def open(self) -> None:
         """Bind; raises OSError (e.g. EADDRINUSE while a previous agent of this node still runs)."""
@@ -144,15 +147,32 @@ class ProgressSocket:
                 await ready.wait()
                 ready.clear()
                 while True:
-                    try:
-                        data, ancdata, _flags, _addr = sock.recvmsg(MAX_REPORT, socket.CMSG_SPACE(_CREDS.size))
-                    except BlockingIOError:
-                        break
-                    report = self._decode(data, ancdata)
-                    if report is not None:
+                    batch = self.pending(limit=_BATCH)
+                    for report in batch:
                         yield report
+                    if self._last_batch < _BATCH:
+                        break
+                    await asyncio.sleep(0)  # a flood of datagrams must not hold up the agent's loop
         finally:
             loop.remove_reader(sock.fileno())
+
+    def pending(self, limit: int = 100_000) -> list[ProgressReport]:
+        """The reports queued now (at most ``limit`` datagrams read), without waiting."""
+        sock = self._sock
+        reports: list[ProgressReport] = []
+        self._last_batch = 0
+        if sock is None:
+            return reports
+        while self._last_batch < limit:
+            try:
+                data, ancdata, _flags, _addr = sock.recvmsg(MAX_REPORT, socket.CMSG_SPACE(_CREDS.size))
+            except (BlockingIOError, InterruptedError):
+                break
+            self._last_batch += 1
+            report = self._decode(data, ancdata)
+            if report is not None:
+                reports.append(report)
+        return reports
 
     def _decode(self, data: bytes, ancdata: list[tuple[int, int, bytes]]) -> ProgressReport | None:
         pid = next(

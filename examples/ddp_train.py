@@ -119,6 +119,7 @@ def run_torchrun(args: argparse.Namespace) -> int:
     from torch.nn.parallel import DistributedDataParallel
 
     from taskd_client import heartbeat
+    from taskd_client.progress import done as taskd_client_done
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
@@ -153,6 +154,7 @@ def run_torchrun(args: argparse.Namespace) -> int:
         heartbeat(step)  # hang detection under a recoverd agent; nothing otherwise
         if ckpt is not None and rank == 0 and args.ckpt_every and (step + 1) % args.ckpt_every == 0:
             save_checkpoint(ckpt, step + 1, {"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+    taskd_client_done()  # tearing the group down makes no progress: not a hang
     print(f"rank {rank} final sha256 {params_sha256(model)}", flush=True)
     dist.destroy_process_group()
     return 0

@@ -70,6 +70,10 @@ def main() -> int:
         print(f"rank {rank} step {step}", flush=True)
         if heartbeat is not None:
             heartbeat(step)
+    if heartbeat is not None:
+        from taskd_client.progress import done
+
+        done()
     print(f"rank {rank} done", flush=True)
     return 0
 

@@ -28,7 +28,7 @@ import socket
 import threading
 import time
 
-__all__ = ["MIN_INTERVAL_S", "ProgressReporter", "heartbeat", "waiting"]
+__all__ = ["MIN_INTERVAL_S", "ProgressReporter", "done", "heartbeat", "waiting"]
 
 #: At most one report per this many seconds (a waiting report is always sent).
 MIN_INTERVAL_S = 0.1
@@ -84,6 +84,12 @@ class ProgressReporter:
         if self.enabled:
             self._send({"step": step, "wait": 1}, time.monotonic())
 
+    def done(self) -> None:
+        """The training loop is over: what follows (saving, tearing down the process group) makes
+        no progress and is not a hang. A later heartbeat starts the judging again."""
+        if self.enabled:
+            self._send({"done": 1}, time.monotonic())
+
     def _send(self, fields: dict[str, object], now: float) -> bool:
         with self._lock:
             self._arm()
@@ -131,6 +137,11 @@ def _reporter() -> ProgressReporter:
 def heartbeat(step: int | None = None, *, busy_s: float | None = None) -> None:
     """Report progress to this node's agent (see the module's docstring). Never raises."""
     _reporter().heartbeat(step, busy_s=busy_s)
+
+
+def done() -> None:
+    """Say the training loop is over (see :meth:`ProgressReporter.done`). Never raises."""
+    _reporter().done()
 
 
 def waiting(step: int | None = None) -> None:

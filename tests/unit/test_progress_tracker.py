@@ -194,3 +194,13 @@ def test_waiting_survives_the_end_of_a_recovery() -> None:
     tracker.pause()
     tracker.resume(now=10.0)
     assert tracker.hangs(now=10.0 + 59.0) == []  # still a victim: 2 x the 30 s allowance
+
+
+def test_a_rank_whose_loop_is_over_is_not_judged_until_it_reports_again() -> None:
+    tracker = ProgressTracker(HangRules(multiplier=3, floor_s=5, startup_s=1, warmup_steps=0))
+    tracker.started(0, 100, now=0.0)
+    _steady(tracker, 0, 100, step_s=0.1, steps=20)
+    tracker.finished(0, 100)  # saving, tearing down its process group
+    assert tracker.hangs(now=1_000.0) == [] and tracker.next_deadline(now=1_000.0) is None
+    tracker.progress(0, 100, 21, now=1_000.0)  # it trains again
+    assert [h.rank for h in tracker.hangs(now=1_006.0)] == [0]

@@ -163,6 +163,7 @@ class ResilientTrainer:
                 if not self._applied and self.recoveries == recoveries:
                     raise RuntimeError("call trainer.apply() once in every step")
             if self._all_done():
+                progress.done()  # what follows (saving, closing the groups) is not a hang
                 return
 
     def _all_done(self) -> bool:

@@ -168,6 +168,9 @@ class HangDetector(Detector):
             return
         signum, path = report.stack_signal, report.stack_path
         self._reporters[report.rank] = _Reporter(report.sender_pid, signum, path if signum is not None else None)
+        if report.done:
+            self.tracker.finished(report.rank, slot.proc.pid)
+            return
         self.tracker.progress(
             report.rank, slot.proc.pid, report.step, time.monotonic(), waiting=report.waiting, busy_s=report.busy_s
         )

@@ -132,6 +132,8 @@ class _Rank:
     samples: deque[tuple[float, float]] = field(default_factory=deque)
     waiting: bool = False
     hang_reported: bool = False
+    #: The client said its training loop is over: nothing more to judge (until it reports again).
+    done: bool = False
     slow_since: float | None = None
     is_straggler: bool = False
 
@@ -176,7 +178,8 @@ class ProgressTracker:
         if not advanced:
             state.waiting = state.waiting or waiting
             return False
-        if state.last_progress_at is not None and state.reports_since_warmup >= self.rules.warmup_steps:
+        learn = not state.done  # the time a finished loop sat idle is no step time
+        if learn and state.last_progress_at is not None and state.reports_since_warmup >= self.rules.warmup_steps:
             # Warm-up intervals (start-up, compiling, the first steps; a recovery) teach nothing
             # about the step time: learned from the steps after them only.
             interval = now - state.last_progress_at
@@ -188,8 +191,16 @@ class ProgressTracker:
         state.last_step = step
         state.reports_since_warmup += 1
         state.waiting = waiting
+        state.done = False
         state.hang_reported = False
         return True
+
+    def finished(self, rank: int, pid: int) -> None:
+        """``rank``'s training loop is over: saving and tearing down make no progress, and are not
+        a hang."""
+        state = self._ranks.get(rank)
+        if state is not None and state.pid == pid:
+            state.done = True
 
     def pause(self) -> None:
         """A recovery is in progress: ranks stop and restart on purpose; nobody is judged."""
@@ -237,7 +248,7 @@ class ProgressTracker:
         deadlines = []
         for rank, state in self._ranks.items():
             judged = self.timeout(rank)
-            if judged is None or state.hang_reported or state.last_progress_at is None:
+            if judged is None or state.hang_reported or state.done or state.last_progress_at is None:
                 continue
             deadline = state.last_progress_at + judged[0]
             if state.waiting and deadline < now:
@@ -252,7 +263,7 @@ class ProgressTracker:
             return []
         found = []
         for rank, state in sorted(self._ranks.items()):
-            if state.hang_reported or state.last_progress_at is None:
+            if state.hang_reported or state.done or state.last_progress_at is None:
                 continue
             judged = self.timeout(rank)
             assert judged is not None

@@ -59,6 +59,8 @@ class ProgressReport:
     waiting: bool = False
     #: Seconds of the rank's own work since its previous report (excluding collective waits).
     busy_s: float | None = None
+    #: The training loop is over: no more progress is expected (saving, tearing down).
+    done: bool = False
     #: The signal the client armed ``faulthandler`` on, and the file it dumps to.
     stack_signal: int | None = None
     stack_path: str | None = None
@@ -97,6 +99,7 @@ def parse_report(data: bytes, sender_pid: int) -> ProgressReport:
         rank=rank,
         step=integer("step"),
         waiting=bool(fields.get("wait", False)),
+        done=bool(fields.get("done", False)),
         busy_s=float(busy) if busy is not None else None,
         stack_signal=integer("sig", 1, 64),
         stack_path=path,

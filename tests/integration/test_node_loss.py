@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import pytest
 
@@ -28,17 +28,6 @@ pytestmark = pytest.mark.etcd
 
 #: Far beyond anything a test waits for: a recovery that ends did not end by its deadline.
 FAR_S = 600.0
-
-
-@pytest.fixture
-async def store(etcd_endpoint: str) -> AsyncIterator[Store]:
-    async with Store(etcd_endpoint) as s:
-        yield s
-
-
-@pytest.fixture
-def keys(key_prefix: str) -> Keyspace:
-    return Keyspace(key_prefix)
 
 
 async def _recovering(

@@ -7,7 +7,6 @@ more work than one etcd transaction can hold.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -23,17 +22,6 @@ from recoverd.strategy.service import StrategyService
 from .untrusted import Job, drain, events, fault, leader, seed_job
 
 pytestmark = pytest.mark.etcd
-
-
-@pytest.fixture
-async def store(etcd_endpoint: str) -> AsyncIterator[Store]:
-    async with Store(etcd_endpoint) as s:
-        yield s
-
-
-@pytest.fixture
-def keys(key_prefix: str) -> Keyspace:
-    return Keyspace(key_prefix)
 
 
 async def _setup(

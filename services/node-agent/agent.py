@@ -195,8 +195,7 @@ class NodeAgent:
         slot = self.slots.get(found.rank)
         if slot is None:
             return  # the rank moved away since the observation: not this node's fault any more
-        now = (slot.proc.pid if slot.proc is not None else 0, slot.generation, slot.restart_count)
-        if found.incarnation is not None and found.incarnation != now:
+        if found.incarnation is not None and found.incarnation != slot.incarnation:
             log.info("agent %s: %s fault of rank %d dropped: restarted since", self.node, found.kind, slot.rank)
             return  # the incarnation observed is gone: the new one is not at fault
         fid = fault_id(self.settings.node, slot.rank, slot.generation, slot.restart_count, found.kind, found.instance)

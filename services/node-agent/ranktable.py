@@ -48,6 +48,12 @@ class RankSlot:
     def is_running(self) -> bool:
         return self.proc is not None and self.proc.is_running
 
+    @property
+    def incarnation(self) -> tuple[int, int, int]:
+        """(pid, generation, restart count): which incarnation this is, for observations that are
+        reported after a wait (a hang's stacks) and must not be charged to a later one."""
+        return (self.proc.pid if self.proc is not None else 0, self.generation, self.restart_count)
+
 
 class RankTable:
     """The ranks this node runs now (a `recover` adds moved ranks, a RELEASE removes them)."""

@@ -50,10 +50,6 @@ DROPPED_NOTE_EVERY_S = 60.0
 _CHUNK = 1024 * 1024
 
 
-def _incarnation(slot: RankSlot) -> tuple[int, int, int]:
-    return (slot.proc.pid if slot.proc is not None else 0, slot.generation, slot.restart_count)
-
-
 def is_stopped(pid: int) -> bool:
     """Whether ``pid`` is stopped (SIGSTOP, or traced): it cannot make progress whatever it said."""
     try:
@@ -193,7 +189,7 @@ class HangDetector(Detector):
             hangs = self.tracker.hangs(time.monotonic(), self._is_stopped)
             if hangs:  # one capture of the node's stacks for every hang found together
                 slots = self.host.ranks()
-                incarnations = {h.rank: _incarnation(slots[h.rank]) for h in hangs if h.rank in slots}
+                incarnations = {h.rank: slots[h.rank].incarnation for h in hangs if h.rank in slots}
                 task = asyncio.create_task(self._report_hangs(hangs, incarnations), name="hang-stacks")
                 self._captures.add(task)
                 task.add_done_callback(self._captures.discard)

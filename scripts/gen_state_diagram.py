@@ -26,7 +26,8 @@ import sys
 from pathlib import Path
 
 try:
-    from recoverd.coordinator import recovery as rc
+    from recoverd.coordinator import inputs, model
+    from recoverd.coordinator.recovery import TRANSITIONS, step
 except ImportError as err:  # pragma: no cover - a setup problem, not a code path
     sys.exit(f"gen_state_diagram: cannot import recoverd ({err}); run it with the project's venv: .venv/bin/python")
 
@@ -35,58 +36,58 @@ END = "<!-- END GENERATED STATE DIAGRAM -->"
 DOC = Path(__file__).resolve().parent.parent / "docs" / "architecture.md"
 
 
-def _scenario_rec(phase: rc.Phase, **changes: object) -> rc.Recovery:
+def _scenario_rec(phase: model.Phase, **changes: object) -> model.Recovery:
     """A recovery in ``phase`` with one participant, one fault and a deadline already passed."""
-    return rc.Recovery(
+    return model.Recovery(
         phase=phase,
         epoch=1,
         recovery_id=1,
         opened_at=0.0,
         deadline_at=0.0,
-        faults=(rc.FaultInfo("n0.r0.g0.c0", 0, "n0"),),
+        faults=(model.FaultInfo("n0.r0.g0.c0", 0, "n0"),),
         participants=frozenset({"agent.n0"}),
         **changes,  # type: ignore[arg-type]
     )
 
 
-def guarded_edges() -> list[tuple[rc.Phase, rc.Phase, str]]:
+def guarded_edges() -> list[tuple[model.Phase, model.Phase, str]]:
     """The transitions decided by guards in code, each found by running ``step`` once."""
-    scenarios: list[tuple[str, rc.Recovery, rc.Event]] = [
-        ("StopCompleted (code != 0)", _scenario_rec(rc.Phase.STOPPING), rc.StopCompleted(1, "agent.n0", code=1)),
+    scenarios: list[tuple[str, model.Recovery, inputs.Event]] = [
+        ("StopCompleted (code != 0)", _scenario_rec(model.Phase.STOPPING), inputs.StopCompleted(1, "agent.n0", code=1)),
         (
             "RecoverStatusReported (code != 0)",
-            _scenario_rec(rc.Phase.RECOVERING, strategy="recover-in-place"),
-            rc.RecoverStatusReported(1, "agent.n0", code=1),
+            _scenario_rec(model.Phase.RECOVERING, strategy="recover-in-place"),
+            inputs.RecoverStatusReported(1, "agent.n0", code=1),
         ),
         (
             "RecoverStatusReported (code != 0, strategy exit)",
-            _scenario_rec(rc.Phase.RECOVERING, strategy="exit"),
-            rc.RecoverStatusReported(1, "agent.n0", code=1),
+            _scenario_rec(model.Phase.RECOVERING, strategy="exit"),
+            inputs.RecoverStatusReported(1, "agent.n0", code=1),
         ),
         (
             "DeadlinePassed (strategy exit)",
-            _scenario_rec(rc.Phase.RECOVERING, strategy="exit"),
-            rc.DeadlinePassed(1),
+            _scenario_rec(model.Phase.RECOVERING, strategy="exit"),
+            inputs.DeadlinePassed(1),
         ),
         (
             "CommandedNodeLost (strategy exit)",
-            _scenario_rec(rc.Phase.RECOVERING, strategy="exit", command_nodes=frozenset({"n1"})),
-            rc.CommandedNodeLost(1, frozenset({"n1"})),
+            _scenario_rec(model.Phase.RECOVERING, strategy="exit", command_nodes=frozenset({"n1"})),
+            inputs.CommandedNodeLost(1, frozenset({"n1"})),
         ),
         (
             "RecoverStatusReported (all confirmed, strategy dump: its exit follows)",
-            _scenario_rec(rc.Phase.RECOVERING, strategy="dump"),
-            rc.RecoverStatusReported(1, "agent.n0", code=0),
+            _scenario_rec(model.Phase.RECOVERING, strategy="dump"),
+            inputs.RecoverStatusReported(1, "agent.n0", code=0),
         ),
         (
             "DecisionMade (give up)",
-            _scenario_rec(rc.Phase.DECIDING),
-            rc.DecisionMade(1, "", give_up=True),
+            _scenario_rec(model.Phase.DECIDING),
+            inputs.DecisionMade(1, "", give_up=True),
         ),
     ]
     edges = []
     for label, rec, event in scenarios:
-        new, _ = rc.step(rec, event, now=1.0)
+        new, _ = step(rec, event, now=1.0)
         if new.phase is not rec.phase or new.epoch != rec.epoch:  # a new round in the same phase too
             edges.append((rec.phase, new.phase, label))
     return edges
@@ -94,14 +95,14 @@ def guarded_edges() -> list[tuple[rc.Phase, rc.Phase, str]]:
 
 def render() -> str:
     """The fenced Mermaid block, deterministic for a given TRANSITIONS table and ``step``."""
-    labels: dict[tuple[rc.Phase, rc.Phase], list[str]] = {}
-    for (src, event_type), dst in rc.TRANSITIONS.items():
+    labels: dict[tuple[model.Phase, model.Phase], list[str]] = {}
+    for (src, event_type), dst in TRANSITIONS.items():
         labels.setdefault((src, dst), []).append(event_type.__name__)
     for src, dst, label in guarded_edges():
         labels.setdefault((src, dst), []).append(label)
 
-    start = rc.Recovery().phase
-    order = [start, *(p for p in rc.Phase if p is not start)]  # the walk's order: DONE first
+    start = model.Recovery().phase
+    order = [start, *(p for p in model.Phase if p is not start)]  # the walk's order: DONE first
     sources = {src for src, _ in labels}
     lines = ["```mermaid", "stateDiagram-v2", f"    [*] --> {start.value}"]
     for (src, dst), names in sorted(labels.items(), key=lambda kv: (order.index(kv[0][0]), order.index(kv[0][1]))):

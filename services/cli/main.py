@@ -37,8 +37,8 @@ from recoverd import __version__
 from recoverd.agent.agent import AgentSettings, NodeAgent, become_subreaper
 from recoverd.agent.settings import DEFAULT_LEASE_TTL_S, NVML_HELP, NVML_MODES
 from recoverd.argtypes import lease_ttl, non_negative, positive
+from recoverd.coordinator.model import Timeouts
 from recoverd.coordinator.reconciler import Coordinator, CoordinatorSettings
-from recoverd.coordinator.recovery import Timeouts
 from recoverd.errors import ConfigError, RecoverdError
 from recoverd.etcd_server import EmbeddedEtcd
 from recoverd.gateway import server as gateway_server

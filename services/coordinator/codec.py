@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from recoverd.coordinator.recovery import FaultInfo, Phase, Recovery
+from recoverd.coordinator.model import FaultInfo, Phase, Recovery
 from recoverd.records import pb, ts_from_s, ts_to_s
 
 __all__ = ["fault_from_pb", "fault_to_pb", "recovery_from_pb", "recovery_to_pb"]

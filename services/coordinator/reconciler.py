@@ -36,31 +36,29 @@ from recoverd import events, hangstacks, participants
 from recoverd.aiotools import leaf_errors, supervised_group
 from recoverd.controller import JobController
 from recoverd.coordinator.codec import fault_from_pb, recovery_from_pb, recovery_to_pb
-from recoverd.coordinator.recovery import (
+from recoverd.coordinator.effects import (
+    Effect,
+    EmitEvent,
+    FinishJob,
+    ForgetNode,
+    PublishSignal,
+    RecordOutcome,
+    SendCommand,
+)
+from recoverd.coordinator.inputs import (
     CapacityReturned,
     CommandedNodeLost,
     DeadlinePassed,
     DecisionMade,
-    Effect,
-    EmitEvent,
     Event,
-    FaultInfo,
     FaultReported,
-    FinishJob,
-    ForgetNode,
-    Layout,
     ParticipantsChanged,
-    Phase,
-    PublishSignal,
-    RecordOutcome,
     RecoverStatusReported,
-    Recovery,
-    SendCommand,
     StopCompleted,
     StrategiesReported,
-    Timeouts,
-    step,
 )
+from recoverd.coordinator.model import FaultInfo, Layout, Phase, Recovery, Timeouts
+from recoverd.coordinator.recovery import step
 from recoverd.errors import FenceLost, Reason, RecoverdError, UnknownRank
 from recoverd.jobview import JobView, idle_spares, read_job
 from recoverd.keys import KeyKind, Keyspace, RunRef, printable

@@ -1,11 +1,11 @@
-"""The recovery state machine: pure, no I/O, no clock.
+"""The recovery walk: pure, no I/O, no clock.
 
-One job has at most one recovery in progress. :func:`step` is the only way a recovery changes:
-``step(rec, event, now, timeouts) -> (new_rec, effects)``. The shell (``reconciler.py``) reads etcd,
-turns what it sees into events, folds them through :func:`step`, and commits the new record and the
-effects as one fenced etcd transaction. Time is an input (``now``, wall-clock seconds, because
-deadlines are stored in etcd for a standby on another host to read); a passed deadline is the event
-:class:`DeadlinePassed`.
+One job has at most one recovery in progress (``model.Recovery``). :func:`step` is the only way a
+recovery changes: ``step(rec, event, now, timeouts) -> (new_rec, effects)``. The shell
+(``reconciler.py``) reads etcd, turns what it sees into events (``inputs.py``), folds them through
+:func:`step`, and commits the new record and the effects (``effects.py``) as one fenced etcd
+transaction. Time is an input (``now``, wall-clock seconds, because deadlines are stored in etcd for
+a standby on another host to read); a passed deadline is the event :class:`DeadlinePassed`.
 
 The walk follows MindCluster's ClusterD order (reference/mindcluster-contract.md section 7)::
 
@@ -20,12 +20,9 @@ RESTART_ALL. A failed strategy (non-zero recover status or a passed deadline) go
 DECIDING with that strategy recorded as failed, so the selector falls back level by level; when
 `exit` itself fails, or the selector gives up, the job FAILS (killMaster semantics).
 
-`recover` and `elastic-training` act on whole nodes (upstream's node-wide expansion): every rank of
-a faulty node becomes a fault rank. `recover` moves them to a spare node (START_RANKS there,
-RELEASE_RANKS on the faulty node if its agent is still alive); a downgrade releases them and
-records them as ``isolated``, and the job goes on with fewer data-parallel replicas. When a spare
-registers while ranks are isolated, an upgrade round (DONE -> RECOVERING, ``CapacityReturned``)
-starts them on it; an `exit` takes isolated ranks back on their own node when its agent is alive.
+Which agent is told what once a strategy is decided (node-wide expansion, spares, isolated ranks,
+upgrades) is ``placement.py``; the signals' MindCluster wire form is ``wire.py``. An upgrade round
+(DONE -> RECOVERING, ``CapacityReturned``) starts isolated ranks on spares that registered.
 
 ``TRANSITIONS`` is the whole table: (phase, event type) -> the phase entered when the event's guard
 holds. Pairs not in the table raise :class:`IllegalTransition` (the shell records it and carries on;
@@ -40,85 +37,42 @@ a new round), ``_strategy_failed`` (failure falls back, or fails the job after `
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from enum import StrEnum
 
 from recoverd import participants as participant_ids
+from recoverd.coordinator.effects import (
+    Effect,
+    EmitEvent,
+    FinishJob,
+    ForgetNode,
+    PublishSignal,
+    RecordOutcome,
+    SendCommand,
+)
+from recoverd.coordinator.inputs import (
+    CapacityReturned,
+    CommandedNodeLost,
+    DeadlinePassed,
+    DecisionMade,
+    Event,
+    FaultReported,
+    ParticipantsChanged,
+    RecoverStatusReported,
+    StopCompleted,
+    StrategiesReported,
+)
+from recoverd.coordinator.model import WAITING_PHASES, FaultInfo, Layout, Phase, Recovery, Timeouts
+from recoverd.coordinator.placement import expand_to_nodes, plan_commands, plan_upgrade
+from recoverd.coordinator.wire import DUMP_EXIT, UPGRADE_EXTRA, fault_wire, wire_strategy
 from recoverd.errors import IllegalTransition, StaleEpoch
 from recoverd.strategies import CHEAPER_THAN_EXIT, NODE_WIDE
 
-__all__ = [
-    "CHEAPER_THAN_EXIT",
-    "DUMP_EXIT",
-    "TRANSITIONS",
-    "CapacityReturned",
-    "CommandedNodeLost",
-    "DeadlinePassed",
-    "DecisionMade",
-    "Effect",
-    "EmitEvent",
-    "Event",
-    "FaultInfo",
-    "FaultReported",
-    "FinishJob",
-    "ForgetNode",
-    "Layout",
-    "ParticipantsChanged",
-    "Phase",
-    "PublishSignal",
-    "RecordOutcome",
-    "RecoverStatusReported",
-    "Recovery",
-    "SendCommand",
-    "StopCompleted",
-    "StrategiesReported",
-    "Timeouts",
-    "step",
-    "wire_strategy",
-]
+__all__ = ["TRANSITIONS", "UPGRADE", "step"]
 
-
-class Phase(StrEnum):
-    """Where a job's recovery stands. Stored by name in the recovery record."""
-
-    COLLECTING = "COLLECTING"
-    """A fault opened the recovery; further faults are collected for ``fault_window_s``
-    (upstream's fault flush) so near-simultaneous faults become one recovery. Exit: the window's
-    deadline -> STOPPING."""
-
-    STOPPING = "STOPPING"
-    """stopTrain was sent; waiting for every participant's stop-complete. Deadline: ``stop_s``;
-    on expiry (or a non-zero stop code) only `exit` remains."""
-
-    GLOBAL_FAULT = "GLOBAL_FAULT"
-    """globalFault was sent with the fault ranks; waiting for every participant's supported
-    strategies. Deadline: ``strategies_s``; on expiry only `exit` remains."""
-
-    DECIDING = "DECIDING"
-    """Waiting for the strategy selector's decision for this epoch. Deadline: ``decide_s``; on
-    expiry the coordinator applies `exit`, which is always safe, and says so."""
-
-    RECOVERING = "RECOVERING"
-    """changeStrategy and the agents' commands were sent; waiting for the recover status of every
-    participant and of every commanded node's agent. Deadline: ``recover_s``; on expiry the strategy has failed."""
-
-    DONE = "DONE"
-    """No recovery in progress (none yet, or the last one succeeded). A fault opens a new one."""
-
-    FAILED = "FAILED"
-    """No strategy is left (or `exit` failed): the job is failed, killMaster was sent. Terminal."""
-
-
-# CHEAPER_THAN_EXIT (ruled out together when a phase cannot complete), RESTARTS_FAULTY_RANKS
-# (`retry` and `dump` are carried out by the job itself, `exit` restarts every rank) and NODE_WIDE
-# come from recoverd.strategies, the one module that names the strategies.
-
-#: upstream's extraParams of the `exit` that follows a saved `dump` (dump_exit).
-DUMP_EXIT = "dump_exit"
+# CHEAPER_THAN_EXIT (ruled out together when a phase cannot complete) and NODE_WIDE come from
+# recoverd.strategies, the one module that names the strategies.
 
 #: The name an upgrade (isolated ranks brought back on a spare) is recorded under.
 UPGRADE = "upgrade"
-UPGRADE_EXTRA = '{"scale-out-strategy": "DP"}'
 
 #: Upstream's stop-complete code "processes not ready": job-level escalation.
 PROCESS_NOT_READY = 404
@@ -131,272 +85,6 @@ _RULED_OUT_BY_CODE: dict[int, tuple[str, ...]] = {
     499: CHEAPER_THAN_EXIT,
     201: CHEAPER_THAN_EXIT,
 }
-
-ACTIVE_PHASES = frozenset({Phase.COLLECTING, Phase.STOPPING, Phase.GLOBAL_FAULT, Phase.DECIDING, Phase.RECOVERING})
-WAITING_PHASES = frozenset({Phase.STOPPING, Phase.GLOBAL_FAULT, Phase.RECOVERING})
-
-
-@dataclass(frozen=True, slots=True)
-class Timeouts:
-    """Every wait of the state machine, in seconds. Defaults are far below MindCluster's 15 minutes."""
-
-    fault_window_s: float = 0.2
-    stop_s: float = 10.0
-    strategies_s: float = 10.0
-    decide_s: float = 30.0
-    recover_s: float = 60.0
-
-    def for_phase(self, phase: Phase) -> float | None:
-        return {
-            Phase.COLLECTING: self.fault_window_s,
-            Phase.STOPPING: self.stop_s,
-            Phase.GLOBAL_FAULT: self.strategies_s,
-            Phase.DECIDING: self.decide_s,
-            Phase.RECOVERING: self.recover_s,
-        }.get(phase)
-
-
-@dataclass(frozen=True, slots=True)
-class FaultInfo:
-    """One fault merged into a recovery."""
-
-    fault_id: str
-    rank: int
-    node: str
-    fault_type: str = "1"
-    source: str = "agent"
-    exit_code: int = 0
-    signal: int = 0
-    generation: int = 0
-    detected_at: float = 0.0
-    detail: str = ""
-    #: What was observed (the agent's detectors: exit, hang, reset, uce, ...); "" when unknown.
-    kind: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Recovery:
-    """A job's recovery record (in-process form of ``recoverd.v1.Recovery``).
-
-    ``epoch`` numbers rounds: it grows when a recovery opens, when a late fault restarts the round,
-    when a failed strategy goes back to DECIDING, and when a saved `dump` is followed by its `exit`.
-    Every report and decision names the epoch it answers; anything older is stale. ``reported``
-    holds the participants that answered the current waiting phase (in RECOVERING also commanded
-    agents that are not participants); ``supported`` is what every participant said it can do
-    (GLOBAL_FAULT's answers).
-    """
-
-    phase: Phase = Phase.DONE
-    epoch: int = 0
-    recovery_id: int = 0
-    opened_at: float = 0.0
-    deadline_at: float | None = None
-    faults: tuple[FaultInfo, ...] = ()
-    participants: frozenset[str] = frozenset()
-    reported: frozenset[str] = frozenset()
-    supported: frozenset[str] | None = None
-    strategy: str = ""
-    decision_reasons: tuple[str, ...] = ()
-    failed_strategies: tuple[tuple[str, str], ...] = ()
-    command_seq: int = 0
-    #: Nodes sent a command in this RECOVERING phase: their agents must confirm it too.
-    command_nodes: frozenset[str] = frozenset()
-    #: Every node of the job named by this recovery's decisions: `dump`'s trailing `exit` restarts them all.
-    job_nodes: tuple[str, ...] = ()
-    #: (rank, node it ran on) of ranks out of the job after a downgrade; kept across recoveries.
-    isolated: tuple[tuple[int, str], ...] = ()
-    outcome: str = ""
-    phase_log: tuple[tuple[Phase, float, int], ...] = field(default=())
-
-    @property
-    def fault_ranks(self) -> tuple[int, ...]:
-        return tuple(sorted({f.rank for f in self.faults}))
-
-    @property
-    def is_active(self) -> bool:
-        return self.phase in ACTIVE_PHASES
-
-
-# ---------------------------------------------------------------------- events (past-tense facts)
-
-
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """Where the job's ranks are, as the shell read it: what `recover`, `elastic-training`, `exit`
-    and upgrades need to address whole nodes."""
-
-    #: node -> the ranks its agent runs now (from the rank tables).
-    placement: tuple[tuple[str, tuple[int, ...]], ...] = ()
-    #: Nodes whose agent is alive (registered under a live lease).
-    live: frozenset[str] = frozenset()
-    #: Live spare nodes holding no ranks, in the order to use them.
-    spares: tuple[str, ...] = ()
-    #: node rank -> the live (non-spare) node registered with it: where a homeless rank belongs.
-    homes: tuple[tuple[int, str], ...] = ()
-    world_size: int = 0
-    nproc_per_node: int = 0
-
-    def ranks_on(self, node: str) -> tuple[int, ...]:
-        return next((ranks for name, ranks in self.placement if name == node), ())
-
-    def where(self) -> dict[int, str]:
-        """rank -> the node whose rank table holds it (a live node's table wins over a dead one's)."""
-        placed: dict[int, str] = {}
-        for live_first in (False, True):
-            for node, ranks in self.placement:
-                if (node in self.live) == live_first:
-                    placed.update(dict.fromkeys(ranks, node))
-        return placed
-
-
-@dataclass(frozen=True, slots=True)
-class FaultReported:
-    """A detector recorded a fault (agent: a rank exited; client: report_process_fault)."""
-
-    fault: FaultInfo
-    participants: frozenset[str] = frozenset()
-
-
-@dataclass(frozen=True, slots=True)
-class DeadlinePassed:
-    """The current phase's ``deadline_at`` is behind ``now``. ``nodes`` are the job's nodes, for
-    the `exit` the coordinator applies itself when no decision came in time."""
-
-    epoch: int
-    nodes: tuple[str, ...] = ()
-    layout: Layout | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class StopCompleted:
-    epoch: int
-    participant: str
-    code: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class StrategiesReported:
-    epoch: int
-    participant: str
-    strategies: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class DecisionMade:
-    """The selector answered for this epoch. ``nodes`` are the job's nodes, for `exit`'s commands."""
-
-    epoch: int
-    strategy: str
-    reasons: tuple[str, ...] = ()
-    give_up: bool = False
-    nodes: tuple[str, ...] = ()
-    #: `recover`: (faulty node, spare node) pairs chosen by the selector.
-    moves: tuple[tuple[str, str], ...] = ()
-    layout: Layout | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RecoverStatusReported:
-    epoch: int
-    participant: str
-    code: int
-    strategy: str = ""
-    message: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class ParticipantsChanged:
-    """The set of live participants changed (an agent's or client's lease expired, or one joined)."""
-
-    participants: frozenset[str]
-
-
-@dataclass(frozen=True, slots=True)
-class CapacityReturned:
-    """Idle spare nodes are registered while ranks are isolated by a downgrade: scale back out."""
-
-    layout: Layout
-
-
-@dataclass(frozen=True, slots=True)
-class CommandedNodeLost:
-    """Nodes are not live any more (their agent's lease expired, or their record is gone). The shell
-    names every commanded node it does not see live; ``_commanded_node_lost`` decides which count."""
-
-    epoch: int
-    nodes: frozenset[str]
-
-
-Event = (
-    FaultReported
-    | DeadlinePassed
-    | StopCompleted
-    | StrategiesReported
-    | DecisionMade
-    | RecoverStatusReported
-    | ParticipantsChanged
-    | CapacityReturned
-    | CommandedNodeLost
-)
-
-# ---------------------------------------------------------------------- effects (imperatives)
-
-
-@dataclass(frozen=True, slots=True)
-class PublishSignal:
-    """Send a process-management signal in MindCluster's wire form to the job's participants."""
-
-    signal_type: str
-    actions: tuple[str, ...]
-    fault_ranks: tuple[tuple[int, str], ...] = ()
-    change_strategy: str = ""
-    extra_params: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class SendCommand:
-    """Tell one node agent what to do to its processes; (epoch, seq) makes it idempotent."""
-
-    node: str
-    action: str  # "RESTART_RANKS" | "RESTART_ALL" | "START_RANKS" | "RELEASE_RANKS"
-    ranks: tuple[int, ...]
-    seq: int
-    strategy: str
-
-
-@dataclass(frozen=True, slots=True)
-class RecordOutcome:
-    """Append the finished recovery to the job's history (restart budgets read it)."""
-
-    strategy: str
-    ranks: tuple[int, ...]
-    ok: bool
-
-
-@dataclass(frozen=True, slots=True)
-class FinishJob:
-    """Write the job's final status."""
-
-    succeeded: bool
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class ForgetNode:
-    """A lost node's ranks run elsewhere now (or are isolated): remove its rank table, so its last
-    rank states are not read as running ranks (lost-node faults) again. (A RELEASE_RANKS command
-    is left for its agent, should it come back.)"""
-
-    node: str
-
-
-@dataclass(frozen=True, slots=True)
-class EmitEvent:
-    reason: str
-    message: str
-
-
-Effect = PublishSignal | SendCommand | RecordOutcome | FinishJob | ForgetNode | EmitEvent
 
 # ---------------------------------------------------------------------- the table
 
@@ -429,15 +117,6 @@ TRANSITIONS: dict[tuple[Phase, type], Phase] = {
 ``_all_reported`` for the waiting phases, ``_strategy_failed`` for failures (-> DECIDING or FAILED),
 a give-up decision (-> FAILED), ``_merge_fault`` for duplicates (no change), ``_commanded_node_lost``
 for a commanded node that died before confirming."""
-
-
-def wire_strategy(strategy: str) -> tuple[str, str, tuple[str, ...]]:
-    """MindCluster's wire form of a strategy: (changeStrategy, extraParams, extra actions)."""
-    if strategy == "recover-in-place":
-        return "recover", "recover-in-place", ("fault_nodes_restart",)
-    if strategy == "elastic-training":
-        return "downgrade", '{"scale-in-strategy": "DP"}', ()
-    return strategy, "", ()
 
 
 # ---------------------------------------------------------------------- step
@@ -513,15 +192,6 @@ def _enter(rec: Recovery, phase: Phase, now: float, timeouts: Timeouts, **change
     return dataclasses.replace(new, phase_log=(*rec.phase_log, (phase, now, epoch)))
 
 
-def _fault_wire(rec: Recovery) -> tuple[tuple[int, str], ...]:
-    by_rank: dict[int, str] = {}
-    for fault in rec.faults:
-        # A non-retryable fault ("1") outweighs retryable ones on the same rank.
-        if by_rank.get(fault.rank) != "1":
-            by_rank[fault.rank] = fault.fault_type
-    return tuple(sorted(by_rank.items()))
-
-
 def _open(rec: Recovery, event: FaultReported, now: float, timeouts: Timeouts) -> tuple[Recovery, list[Effect]]:
     """A fault with no recovery in progress opens one (new recovery id, new epoch).
 
@@ -571,7 +241,7 @@ def _merge_fault(rec: Recovery, event: FaultReported, now: float, timeouts: Time
     return new, [
         *interrupted,
         EmitEvent("fault_merged", f"{message}; restarting the round at epoch {new.epoch}"),
-        PublishSignal("stopTrain", ("stop_train",), _fault_wire(new)),
+        PublishSignal("stopTrain", ("stop_train",), fault_wire(new)),
     ]
 
 
@@ -609,7 +279,7 @@ def _advance(rec: Recovery, now: float, timeouts: Timeouts) -> tuple[Recovery, l
     """Every participant answered the current waiting phase: enter the next one."""
     if rec.phase is Phase.STOPPING:
         new = _enter(rec, Phase.GLOBAL_FAULT, now, timeouts)
-        return new, [PublishSignal("globalFault", ("on_global_rank",), _fault_wire(new))]
+        return new, [PublishSignal("globalFault", ("on_global_rank",), fault_wire(new))]
     if rec.phase is Phase.GLOBAL_FAULT:
         return _enter(rec, Phase.DECIDING, now, timeouts), []
     if rec.phase is Phase.RECOVERING and rec.strategy == "dump":
@@ -664,7 +334,7 @@ def _deadline_passed(
         return rec, []
     if rec.phase is Phase.COLLECTING:
         new = _enter(rec, Phase.STOPPING, now, timeouts)
-        return new, [PublishSignal("stopTrain", ("stop_train",), _fault_wire(new))]
+        return new, [PublishSignal("stopTrain", ("stop_train",), fault_wire(new))]
     if rec.phase in (Phase.STOPPING, Phase.GLOBAL_FAULT):
         missing = sorted(rec.participants - rec.reported)
         return _rule_out_cheap(rec, now, timeouts, f"{rec.phase} deadline passed waiting for {missing}")
@@ -760,8 +430,8 @@ def _decided(
         )
     layout = event.layout or Layout()
     if event.strategy in NODE_WIDE:
-        rec = _expand_to_nodes(rec, layout, now)
-    plan = _command_plan(rec, event, layout)
+        rec = expand_to_nodes(rec, layout, now)
+    plan = plan_commands(rec, event, layout)
     if plan.fail:
         return _fail_job(dataclasses.replace(rec, decision_reasons=event.reasons), now, timeouts, plan.fail)
     # A forgotten (lost) node is no longer the job's: a later exit must not wait for its agent.
@@ -789,116 +459,16 @@ def _decided(
     new = dataclasses.replace(new, command_nodes=awaited)
     return new, [
         EmitEvent("strategy_decided", f"{event.strategy} for ranks {list(new.fault_ranks)}: {reasons}"),
-        PublishSignal("changeStrategy", ("change_strategy", *actions), _fault_wire(new), change, extra),
+        PublishSignal("changeStrategy", ("change_strategy", *actions), fault_wire(new), change, extra),
         *commands,
         *(ForgetNode(node) for node in plan.forget),
     ]
 
 
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    """What a decided strategy asks of the agents: (node, action, ranks) commands; lost nodes whose
-    rank tables are forgotten (their RELEASE_RANKS is written but not awaited); the ranks isolated
-    afterwards; and, when the strategy cannot be carried out at all, why (the job fails)."""
-
-    commands: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
-    forget: tuple[str, ...] = ()
-    isolated: tuple[tuple[int, str], ...] = ()
-    fail: str = ""
-
-
-def _command_plan(rec: Recovery, event: DecisionMade, layout: Layout) -> _Plan:
-    # Fault ranks by the node that holds them now (a rank `recover` moved is on the spare), else
-    # by the node the fault named.
-    where = layout.where() if event.layout is not None else {}
-    by_node: dict[str, set[int]] = {}
-    for fault in rec.faults:
-        by_node.setdefault(where.get(fault.rank, fault.node), set()).add(fault.rank)
-    by_node.pop("", None)  # a rank on no known node: nothing to command
-    # Without a layout (tests of the table, dump_exit's round) the nodes named are taken as alive;
-    # an isolated node is not assumed back.
-    live = layout.live if event.layout is not None else frozenset(by_node) | frozenset(event.nodes)
-    isolated_ranks = {r for r, _ in rec.isolated}
-    strategy = event.strategy
-    if strategy == "exit":
-        back: dict[str, set[int]] = {}
-        # Ranks isolated by a downgrade come back on their own node if its agent is still there.
-        for rank, node in rec.isolated:
-            if node in live:
-                back.setdefault(node, set()).add(rank)
-        # Ranks held by no rank table (their spare died before starting them) go home.
-        homeless: list[int] = []
-        if event.layout is not None and layout.world_size and layout.nproc_per_node:
-            homes = dict(layout.homes)
-            for rank in range(layout.world_size):
-                if rank in where or rank in isolated_ranks:
-                    continue
-                home = homes.get(rank // layout.nproc_per_node)
-                if home is None:
-                    homeless.append(rank)
-                else:
-                    back.setdefault(home, set()).add(rank)
-        if homeless:
-            return _Plan(fail=f"exit cannot restart ranks {homeless}: no live node holds them or is their home")
-        nodes = sorted(set(event.nodes) | set(by_node) | set(back))
-        return _Plan(
-            commands=tuple((n, "RESTART_ALL", tuple(sorted(back.get(n, ())))) for n in nodes),
-            isolated=tuple((r, n) for r, n in rec.isolated if n not in back or r not in back[n]),
-        )
-    if strategy == "recover-in-place":
-        return _Plan(
-            commands=tuple((n, "RESTART_RANKS", tuple(sorted(by_node[n]))) for n in sorted(by_node)),
-            isolated=rec.isolated,
-        )
-    if strategy == "recover":
-        targets = dict(event.moves)
-        commands: list[tuple[str, str, tuple[int, ...]]] = []
-        forget = []
-        for node in sorted(by_node):
-            ranks = tuple(sorted(by_node[node]))
-            spare = targets.get(node)
-            if not spare or (event.layout is not None and spare not in layout.live):
-                return _Plan(fail=f"recover has no live spare for node {node}")
-            commands.append((spare, "START_RANKS", ranks))
-            # The faulty node gives its ranks up; a lost one is told so should its agent come back.
-            commands.append((node, "RELEASE_RANKS", ranks))
-            if node not in live:
-                forget.append(node)
-        return _Plan(tuple(commands), tuple(forget), rec.isolated)
-    if strategy == "elastic-training":
-        commands = [(n, "RELEASE_RANKS", tuple(sorted(by_node[n]))) for n in sorted(by_node)]
-        dropped = tuple((r, n) for n in sorted(by_node) for r in sorted(by_node[n]) if r not in isolated_ranks)
-        forget = [n for n in sorted(by_node) if n not in live]
-        return _Plan(tuple(commands), tuple(forget), (*rec.isolated, *dropped))
-    # retry and dump are carried out by the job itself: no command.
-    return _Plan(isolated=rec.isolated)
-
-
-def _expand_to_nodes(rec: Recovery, layout: Layout, now: float) -> Recovery:
-    """Upstream's node-wide expansion: every rank of a faulty node becomes a fault rank."""
-    have = {f.rank for f in rec.faults}
-    added = tuple(
-        FaultInfo(
-            fault_id=f"node-wide.{node}.r{rank}.e{rec.epoch}",
-            rank=rank,
-            node=node,
-            detected_at=now,
-            detail=f"on faulty node {node} (node-wide expansion)",
-        )
-        for node in sorted({f.node for f in rec.faults if f.node})
-        for rank in layout.ranks_on(node)
-        if rank not in have
-    )
-    return dataclasses.replace(rec, faults=rec.faults + added) if added else rec
-
-
 def _upgrade(rec: Recovery, event: CapacityReturned, now: float, timeouts: Timeouts) -> tuple[Recovery, list[Effect]]:
     """Spares registered while ranks are isolated: start each isolated node's ranks on one spare
     (upstream's upgrade after a DP scale-in). A new recovery round, so its answers are its own."""
-    groups: dict[str, list[int]] = {}
-    for rank, node in rec.isolated:
-        groups.setdefault(node, []).append(rank)
-    moves = list(zip(sorted(groups), event.layout.spares, strict=False))
+    moves = plan_upgrade(rec.isolated, event.layout.spares)
     if not moves:
         return rec, []
     epoch = rec.epoch + 1
@@ -910,15 +480,15 @@ def _upgrade(rec: Recovery, event: CapacityReturned, now: float, timeouts: Timeo
             detected_at=now,
             detail=f"isolated rank back on spare {spare} (upgrade)",
         )
-        for node, spare in moves
-        for rank in sorted(groups[node])
+        for node, spare, ranks in moves
+        for rank in ranks
     )
     moved = {f.rank for f in back}
     seq = rec.command_seq
     commands: list[Effect] = []
-    for node, spare in moves:
+    for _, spare, ranks in moves:
         seq += 1
-        commands.append(SendCommand(spare, "START_RANKS", tuple(sorted(groups[node])), seq, UPGRADE))
+        commands.append(SendCommand(spare, "START_RANKS", ranks, seq, UPGRADE))
     new = Recovery(
         epoch=epoch,
         recovery_id=rec.recovery_id + 1,
@@ -928,16 +498,16 @@ def _upgrade(rec: Recovery, event: CapacityReturned, now: float, timeouts: Timeo
         command_seq=seq,
         isolated=tuple((r, n) for r, n in rec.isolated if r not in moved),
         strategy=UPGRADE,
-        decision_reasons=(f"idle spare(s) {[s for _, s in moves]} registered while ranks were isolated",),
+        decision_reasons=(f"idle spare(s) {[s for _, s, _ in moves]} registered while ranks were isolated",),
     )
     new = _enter(new, Phase.RECOVERING, now, timeouts)
-    new = dataclasses.replace(new, command_nodes=frozenset(spare for _, spare in moves))
+    new = dataclasses.replace(new, command_nodes=frozenset(spare for _, spare, _ in moves))
     return new, [
         EmitEvent(
             "upgrade",
             f"recovery {new.recovery_id} (epoch {epoch}): ranks {sorted(moved)} back on "
-            + ", ".join(f"{spare} (from {node})" for node, spare in moves),
+            + ", ".join(f"{spare} (from {node})" for node, spare, _ in moves),
         ),
-        PublishSignal("changeStrategy", ("change_strategy",), _fault_wire(new), UPGRADE, UPGRADE_EXTRA),
+        PublishSignal("changeStrategy", ("change_strategy",), fault_wire(new), UPGRADE, UPGRADE_EXTRA),
         *commands,
     ]

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import pytest
 
 from recoverd.coordinator.codec import recovery_to_pb
-from recoverd.coordinator.recovery import FaultInfo, Phase, Recovery
+from recoverd.coordinator.model import FaultInfo, Phase, Recovery
 from recoverd.keys import Keyspace
 from recoverd.records import decode, encode, pb
 from recoverd.store import Store

@@ -12,36 +12,25 @@ import typing
 
 import pytest
 
-from recoverd.coordinator.recovery import (
-    CHEAPER_THAN_EXIT,
-    TRANSITIONS,
-    UPGRADE,
+from recoverd.coordinator.effects import EmitEvent, FinishJob, ForgetNode, PublishSignal, RecordOutcome, SendCommand
+from recoverd.coordinator.inputs import (
     CapacityReturned,
     CommandedNodeLost,
     DeadlinePassed,
     DecisionMade,
-    EmitEvent,
     Event,
-    FaultInfo,
     FaultReported,
-    FinishJob,
-    ForgetNode,
-    Layout,
     ParticipantsChanged,
-    Phase,
-    PublishSignal,
-    RecordOutcome,
     RecoverStatusReported,
-    Recovery,
-    SendCommand,
     StopCompleted,
     StrategiesReported,
-    Timeouts,
-    step,
-    wire_strategy,
 )
+from recoverd.coordinator.model import FaultInfo, Layout, Phase, Recovery, Timeouts
+from recoverd.coordinator.recovery import TRANSITIONS, UPGRADE, step
+from recoverd.coordinator.wire import wire_strategy
 from recoverd.errors import IllegalTransition, StaleEpoch
 from recoverd.participants import of_node
+from recoverd.strategies import CHEAPER_THAN_EXIT
 
 #: Distinct values, so a deadline armed with the wrong phase's timeout is caught.
 T = Timeouts(fault_window_s=1.0, stop_s=2.0, strategies_s=3.0, decide_s=4.0, recover_s=5.0)

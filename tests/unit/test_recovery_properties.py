@@ -19,34 +19,25 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from recoverd.coordinator.recovery import (
-    ACTIVE_PHASES,
-    CHEAPER_THAN_EXIT,
-    DUMP_EXIT,
-    TRANSITIONS,
-    UPGRADE,
+from recoverd.coordinator.effects import FinishJob, PublishSignal, RecordOutcome, SendCommand
+from recoverd.coordinator.inputs import (
     CapacityReturned,
     CommandedNodeLost,
     DeadlinePassed,
     DecisionMade,
-    FaultInfo,
     FaultReported,
-    FinishJob,
-    Layout,
     ParticipantsChanged,
-    Phase,
-    PublishSignal,
-    RecordOutcome,
     RecoverStatusReported,
-    Recovery,
-    SendCommand,
     StopCompleted,
     StrategiesReported,
-    Timeouts,
 )
+from recoverd.coordinator.model import ACTIVE_PHASES, FaultInfo, Layout, Phase, Recovery, Timeouts
+from recoverd.coordinator.recovery import TRANSITIONS, UPGRADE
 from recoverd.coordinator.recovery import step as core_step
+from recoverd.coordinator.wire import DUMP_EXIT
 from recoverd.errors import IllegalTransition, StaleEpoch
 from recoverd.participants import of_node
+from recoverd.strategies import CHEAPER_THAN_EXIT
 
 T = Timeouts(fault_window_s=0.5, stop_s=1.0, strategies_s=1.5, decide_s=2.0, recover_s=2.5)
 PEOPLE = ("a", "b", "c", "agent.n0", "agent.n1")

@@ -38,7 +38,8 @@ from recoverd.agent.agent import AgentSettings, NodeAgent, become_subreaper
 from recoverd.agent.settings import DEFAULT_LEASE_TTL_S, NVML_HELP, NVML_MODES
 from recoverd.argtypes import lease_ttl, non_negative, positive
 from recoverd.coordinator.model import Timeouts
-from recoverd.coordinator.reconciler import Coordinator, CoordinatorSettings
+from recoverd.coordinator.reconciler import Coordinator
+from recoverd.coordinator.settings import CoordinatorSettings
 from recoverd.errors import ConfigError, RecoverdError
 from recoverd.etcd_server import EmbeddedEtcd
 from recoverd.gateway import server as gateway_server

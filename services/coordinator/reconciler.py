@@ -23,16 +23,14 @@ transactions fenced by the leader key and the recovery record's revision, and ev
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import secrets
 import socket
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
-from recoverd import events, hangstacks, participants
+from recoverd import events, hangstacks
 from recoverd.aiotools import leaf_errors, supervised_group
 from recoverd.controller import JobController
 from recoverd.coordinator.codec import fault_from_pb, recovery_from_pb, recovery_to_pb
@@ -57,10 +55,19 @@ from recoverd.coordinator.inputs import (
     StopCompleted,
     StrategiesReported,
 )
-from recoverd.coordinator.model import FaultInfo, Layout, Phase, Recovery, Timeouts
+from recoverd.coordinator.model import Phase, Recovery
+from recoverd.coordinator.observe import (
+    all_succeeded,
+    job_layout,
+    job_nodes,
+    job_timeouts,
+    live_participants,
+    lost_node_faults,
+)
 from recoverd.coordinator.recovery import step
+from recoverd.coordinator.settings import CoordinatorSettings
 from recoverd.errors import FenceLost, Reason, RecoverdError, UnknownRank
-from recoverd.jobview import JobView, idle_spares, read_job
+from recoverd.jobview import JobView, read_job
 from recoverd.keys import KeyKind, Keyspace, RunRef, printable
 from recoverd.records import encode, pb, ts_from_s, ts_to_s
 from recoverd.store import (
@@ -78,110 +85,11 @@ from recoverd.store import (
     op_size,
 )
 
-__all__ = [
-    "Coordinator",
-    "CoordinatorSettings",
-    "job_layout",
-    "job_timeouts",
-    "live_participants",
-    "lost_node_faults",
-]
+__all__ = ["Coordinator"]
 
 log = logging.getLogger(__name__)
 
 SOURCE = "coordinator"
-
-
-@dataclass(frozen=True, slots=True)
-class CoordinatorSettings:
-    """Every wait and bound of the coordinator (seconds unless named otherwise)."""
-
-    timeouts: Timeouts = field(default_factory=Timeouts)
-    lease_ttl_s: float = 5.0
-    #: Events kept per run; older ones are deleted when a recovery closes.
-    event_cap: int = 1000
-    #: Finished runs' keys are deleted this long after they finished.
-    retention_s: float = 3600.0
-    #: Outcomes kept in a run's history (budgets only look at the window anyway).
-    history_cap: int = 100
-    #: Signals kept per run (subscribers read them by watch; old ones are only for inspection).
-    signal_cap: int = 64
-    #: Keys one pass consumes at most, per kind; the rest wait for the next pass (requeued at
-    #: once). Together they keep a pass's fenced transaction under etcd's 128 operations.
-    faults_per_pass: int = 64
-    bad_keys_per_pass: int = 24
-    stale_reports_per_pass: int = 16
-    cleanups_per_pass: int = 8
-    #: How long a node record overwritten without its lease (its rank table still there) counts as
-    #: its live node, for its agent to write it again, before it is removed.
-    clobbered_node_grace_s: float = 10.0
-
-
-def job_timeouts(policy: pb.Policy, default: Timeouts) -> Timeouts:
-    """The job policy's deadlines where it sets them (non-zero), else the coordinator's own."""
-    set_ = {
-        name: getattr(policy.deadlines, name)
-        for name in ("fault_window_s", "stop_s", "strategies_s", "decide_s", "recover_s")
-        if getattr(policy.deadlines, name) > 0
-    }
-    return dataclasses.replace(default, **set_) if set_ else default
-
-
-def lost_node_faults(view: JobView, now: float) -> list[FaultInfo]:
-    """Faults for the ranks of nodes that are gone (lease expired) while their ranks ran.
-
-    The ids are deterministic per rank incarnation, so seeing the same lost node again on the next
-    pass merges nothing new (the state machine ignores a fault id it already holds).
-    """
-    faults = []
-    for node, table in sorted(view.ranks.items()):
-        if node in view.nodes:
-            continue
-        for rank in table.ranks:
-            if rank.state in (pb.RANK_RUNNING, pb.RANK_PENDING):
-                faults.append(
-                    FaultInfo(
-                        fault_id=f"lost.{node}.r{rank.rank}.g{rank.generation}.c{rank.restart_count}",
-                        rank=rank.rank,
-                        node=node,
-                        source="lease",
-                        generation=rank.generation,
-                        detected_at=now,
-                        detail=f"node {node} lost: its agent's lease expired",
-                    )
-                )
-    return faults
-
-
-def job_layout(view: JobView) -> Layout:
-    """Where the ranks run, which agents are alive, which spares are idle and which live node is
-    the home of each node rank, as the view shows."""
-    assert view.spec is not None
-    return Layout(
-        placement=tuple(
-            (node, tuple(sorted(r.rank for r in table.ranks))) for node, table in sorted(view.ranks.items())
-        ),
-        live=frozenset(view.nodes),
-        spares=idle_spares(view),
-        homes=tuple(sorted((record.node_rank, node) for node, record in view.nodes.items() if record.node_rank >= 0)),
-        world_size=view.spec.world_size,
-        nproc_per_node=view.spec.nproc_per_node,
-    )
-
-
-def job_nodes(view: JobView) -> tuple[str, ...]:
-    """The nodes an `exit` restarts: every live agent's, and every dead one's that still holds ranks
-    (its command then goes unconfirmed, and the exit fails rather than lose those ranks)."""
-    holding = {node for node, table in view.ranks.items() if table.ranks}
-    return tuple(sorted(set(view.nodes) | holding))
-
-
-def live_participants(view: JobView) -> frozenset[str]:
-    """Who answers a recovery: the job's live clients if it has any (MindCluster style, one
-    controller per job), otherwise each live node agent for its own ranks."""
-    if view.clients:
-        return frozenset(participants.of_client(c) for c in view.clients)
-    return frozenset(participants.of_node(n) for n in view.nodes)
 
 
 class Coordinator:
@@ -492,11 +400,11 @@ class Coordinator:
             apply(DeadlinePassed(rec.epoch, nodes, layout))
 
         # 5b. Capacity is back while ranks are isolated by a downgrade: scale out again.
-        if rec.phase is Phase.DONE and rec.isolated and layout.spares and not self._all_succeeded(view, rec):
+        if rec.phase is Phase.DONE and rec.isolated and layout.spares and not all_succeeded(view, rec):
             apply(CapacityReturned(layout))
 
         # 6. The end of the job: every rank of every node exited 0 and nothing is being recovered.
-        if rec.phase is Phase.DONE and not view.faults and self._all_succeeded(view, rec):
+        if rec.phase is Phase.DONE and not view.faults and all_succeeded(view, rec):
             effects.append(FinishJob(succeeded=True, reason="every rank exited 0"))
             effects.append(EmitEvent("job_succeeded", f"all {world} ranks exited 0"))
 
@@ -517,13 +425,6 @@ class Coordinator:
             self._jobs.queue.add_after(job, rec.deadline_at - now)
         if rec.phase in (Phase.DONE, Phase.FAILED) and before.phase is not rec.phase:
             await events.prune(self.store, self.keys, run, self.settings.event_cap)
-
-    def _all_succeeded(self, view: JobView, rec: Recovery) -> bool:
-        """Every rank still in the job exited 0 (ranks isolated by a downgrade are out of it)."""
-        assert view.spec is not None
-        states = {r.rank: r.state for nr in view.ranks.values() for r in nr.ranks}
-        wanted = set(range(view.spec.world_size)) - {rank for rank, _ in rec.isolated}
-        return bool(wanted) and all(states.get(rank) == pb.RANK_SUCCEEDED for rank in wanted)
 
     def _apply_effects(
         self,

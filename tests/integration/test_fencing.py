@@ -17,7 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from recoverd.coordinator.reconciler import Coordinator, CoordinatorSettings
+from recoverd.coordinator.reconciler import Coordinator
+from recoverd.coordinator.settings import CoordinatorSettings
 from recoverd.errors import FenceLost
 from recoverd.etcd_server import EmbeddedEtcd
 from recoverd.keys import Keyspace, RunRef

@@ -10,7 +10,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from recoverd.coordinator.reconciler import Coordinator, CoordinatorSettings
+from recoverd.coordinator.reconciler import Coordinator
+from recoverd.coordinator.settings import CoordinatorSettings
 from recoverd.keys import Keyspace, RunRef
 from recoverd.records import decode, encode, pb, ts_from_s
 from recoverd.store import Put, Store

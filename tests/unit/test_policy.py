@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from recoverd.coordinator.model import Timeouts
-from recoverd.coordinator.reconciler import job_timeouts
+from recoverd.coordinator.observe import job_timeouts
 from recoverd.errors import ConfigError
 from recoverd.policy import Budget, Deadlines, JobPolicy, load_policy, parse_policy, policy_dict
 from recoverd.records import pb

@@ -24,14 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import secrets
-import socket
 import time
 from collections.abc import Iterable
 
 from recoverd import events, hangstacks
-from recoverd.aiotools import leaf_errors, supervised_group
+from recoverd.aiotools import supervised_group
 from recoverd.controller import JobController
 from recoverd.coordinator.codec import fault_from_pb, recovery_from_pb, recovery_to_pb
 from recoverd.coordinator.effects import (
@@ -55,6 +53,7 @@ from recoverd.coordinator.inputs import (
     StopCompleted,
     StrategiesReported,
 )
+from recoverd.coordinator.leadership import Leadership, raise_expected_end, raise_when_lost
 from recoverd.coordinator.model import Phase, Recovery
 from recoverd.coordinator.observe import (
     all_succeeded,
@@ -79,9 +78,7 @@ from recoverd.store import (
     ModRevisionAtMost,
     Op,
     Put,
-    Resync,
     Store,
-    ValueIs,
     op_size,
 )
 
@@ -99,9 +96,7 @@ class Coordinator:
         self.store = store
         self.keys = keys
         self.settings = settings or CoordinatorSettings()
-        self.identity = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-        self.is_leader = asyncio.Event()
-        self._leader_value = b""
+        self.leadership = Leadership(store, keys, self.settings.lease_ttl_s)
         self._warned: dict[str, int] = {}
         #: (key, mod revision) of a node record clobbered without its lease -> when first seen.
         self._clobbered_since: dict[tuple[str, int], float] = {}
@@ -110,84 +105,25 @@ class Coordinator:
     # ---------------------------------------------------------------- leadership
     async def run(self) -> None:
         """Campaign for the leader key; while leader, reconcile; on losing it, campaign again."""
-        while True:
-            try:
-                async with self.store.lease(self.settings.lease_ttl_s) as lease:
-                    leader = pb.Leader(
-                        holder=self.identity, host=socket.gethostname(), pid=os.getpid(), since=ts_from_s(time.time())
-                    )
-                    value = encode(leader)
-                    if await self.store.create(self.keys.leader(), value, lease=lease.id):
-                        self._leader_value = value
-                        log.info("coordinator %s is the leader", self.identity)
-                        await self._lead(lease.lost)
-                    else:
-                        await self._wait_for_vacancy(lease.lost)
-            except FenceLost as err:
-                log.warning("coordinator %s lost the leadership: %s", self.identity, err)
-            except RecoverdError as err:
-                log.warning("coordinator %s: %s; retrying", self.identity, err)
-                await asyncio.sleep(min(1.0, self.settings.lease_ttl_s / 3))
-            finally:
-                self.is_leader.clear()
-                self._leader_value = b""
-
-    async def _wait_for_vacancy(self, lease_lost: asyncio.Event) -> None:
-        """Standby: wait until the leader key is gone (or our own lease is lost), then campaign."""
-        current = await self.store.get(self.keys.leader())
-        if current is None:
-            return
-        watcher = asyncio.create_task(self._watch_until_deleted(self.keys.leader(), current.mod_revision + 1))
-        lost = asyncio.create_task(lease_lost.wait())
-        try:
-            await asyncio.wait({watcher, lost}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (watcher, lost):
-                task.cancel()
-            await asyncio.gather(watcher, lost, return_exceptions=True)
-
-    async def _watch_until_deleted(self, key: str, start: int) -> None:
-        async for item in self.store.watch_prefix(key, start):
-            if isinstance(item, Resync):
-                if await self.store.get(key) is None:
-                    return
-            elif item.key == key and item.is_delete:
-                return
+        await self.leadership.run(self._lead)
 
     async def _lead(self, lease_lost: asyncio.Event) -> None:
-        self.is_leader.set()
+        """One term: enqueue every job once, then watch ``jobs/`` and the leader key and work the
+        queue, until the fence or the lease is lost."""
         self._jobs = JobController(self.store, self.keys, self.reconcile, name="coordinator", fatal=(FenceLost,))
         try:
             async with supervised_group() as group:
                 start = await self._jobs.enqueue_all()
                 group.create_task(self._jobs.watch(start + 1), name="coordinator-watch")
-                group.create_task(self._watch_leader(start + 1), name="coordinator-fence")
+                group.create_task(self.leadership.watch(start + 1), name="coordinator-fence")
                 group.create_task(self._jobs.work(), name="coordinator-worker")
-                group.create_task(self._raise_when(lease_lost), name="coordinator-lease")
+                group.create_task(raise_when_lost(lease_lost), name="coordinator-lease")
         except BaseExceptionGroup as group:
             # Leadership ends; losing the fence or etcd is expected and leads to a new campaign.
-            leaves = leaf_errors(group)
-            for wanted in (FenceLost, RecoverdError):
-                if all(isinstance(e, RecoverdError) for e in leaves):
-                    first = next((e for e in leaves if isinstance(e, wanted)), None)
-                    if first is not None:
-                        raise first from None
+            raise_expected_end(group)
             raise
         finally:
             self._jobs.close()
-
-    async def _raise_when(self, lost: asyncio.Event) -> None:
-        await lost.wait()
-        raise FenceLost("the leader lease expired")
-
-    async def _watch_leader(self, start: int) -> None:
-        async for item in self.store.watch_prefix(self.keys.leader(), start):
-            if isinstance(item, Resync):
-                current = await self.store.get(self.keys.leader())
-                if current is None or current.value != self._leader_value:
-                    raise FenceLost("the leader key changed hands while the watch was down")
-            elif item.is_delete or item.value != self._leader_value:
-                raise FenceLost("the leader key was deleted or taken over")
 
     # ---------------------------------------------------------------- one pass
     async def reconcile(self, job: str) -> None:
@@ -511,7 +447,7 @@ class Coordinator:
         """Apply one pass's writes atomically, fenced by leadership and the read revision."""
         assert view.spec is not None
         fence: list[Compare] = [
-            ValueIs(self.keys.leader(), self._leader_value),
+            self.leadership.fence(),
             ModRevisionAtMost(self.keys.job_prefix(view.spec.name), view.revision, is_prefix=True),
         ]
         prefixes = [op.prefix for op in ops if isinstance(op, DeletePrefix)]
@@ -533,31 +469,25 @@ class Coordinator:
             head, ev = [*head, *ev], []  # the usual case: events commit with the change they describe
         result = await self.store.txn(fence, head)
         if not result.succeeded:
-            await self._check_fence()
+            await self.leadership.check()
             # The job changed under us: drop this pass and run it again on a fresh read.
             self._jobs.queue.add(view.spec.name)
             return
         # What did not fit: the rest of this pass's puts, fenced by the leader key and by the
         # recovery record still being the one just written (a later pass owns it otherwise).
         follow: list[Compare] = [
-            ValueIs(self.keys.leader(), self._leader_value),
+            self.leadership.fence(),
             ModRevisionAtMost(self.keys.recovery(run), result.revision),
         ]
         for chunk in _chunks(tail, MAX_TXN_OPS, MAX_REQUEST_BYTES):
             if not (await self.store.txn(follow, chunk)).succeeded:
-                await self._check_fence()
+                await self.leadership.check()
                 self._jobs.queue.add(view.spec.name)
                 return
         # Events live outside jobs/: only the leader key fences them.
         for chunk in _chunks(ev, MAX_TXN_OPS, MAX_REQUEST_BYTES):
             if not (await self.store.txn(fence[:1], chunk)).succeeded:
-                await self._check_fence()
-
-    async def _check_fence(self) -> None:
-        """Raise FenceLost unless this coordinator still holds the leader key."""
-        current = await self.store.get(self.keys.leader())
-        if current is None or current.value != self._leader_value:
-            raise FenceLost("a write was rejected: this coordinator no longer holds the leader key")
+                await self.leadership.check()
 
     def _warn_once(self, key: str, mod_revision: int, message: str) -> bool:
         """Log a bad key that is kept (not removed) once per value; True the first time."""

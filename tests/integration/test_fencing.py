@@ -64,8 +64,8 @@ async def test_a_deposed_coordinator_cannot_write(etcd_endpoint: str, key_prefix
     async with Store(etcd_endpoint) as store:
         zombie = Coordinator(store, keys, settings)
         task = asyncio.create_task(zombie.run())
-        await asyncio.wait_for(zombie.is_leader.wait(), 5)
-        stale_value = zombie._leader_value
+        await asyncio.wait_for(zombie.leadership.is_leader.wait(), 5)
+        stale_value = zombie.leadership.value
         # Its leadership ends (the lease is revoked and the key deleted) ...
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -74,10 +74,10 @@ async def test_a_deposed_coordinator_cannot_write(etcd_endpoint: str, key_prefix
         successor = Coordinator(store, keys, settings)
         successor_task = asyncio.create_task(successor.run())
         try:
-            await asyncio.wait_for(successor.is_leader.wait(), 5)
+            await asyncio.wait_for(successor.leadership.is_leader.wait(), 5)
             # A zombie that still believes it leads tries to act on a new fault: rejected.
             run = await _seed_job(store, keys, "fenced")
-            zombie._leader_value = stale_value
+            zombie.leadership.value = stale_value
             with pytest.raises(FenceLost):
                 await zombie.reconcile("fenced")
             # The successor, holding the key, is the one whose writes land.

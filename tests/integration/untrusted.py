@@ -30,8 +30,8 @@ class Job:
 
 async def leader(store: Store, keys: Keyspace, settings: CoordinatorSettings | None = None) -> Coordinator:
     coordinator = Coordinator(store, keys, settings)
-    coordinator._leader_value = b"leader-under-test"
-    await store.put(keys.leader(), coordinator._leader_value)
+    coordinator.leadership.value = b"leader-under-test"
+    await store.put(keys.leader(), coordinator.leadership.value)
     return coordinator
 
 

@@ -26,21 +26,13 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Iterable
 
 from recoverd import events, hangstacks
 from recoverd.aiotools import supervised_group
 from recoverd.controller import JobController
 from recoverd.coordinator.codec import fault_from_pb, recovery_from_pb, recovery_to_pb
-from recoverd.coordinator.effects import (
-    Effect,
-    EmitEvent,
-    FinishJob,
-    ForgetNode,
-    PublishSignal,
-    RecordOutcome,
-    SendCommand,
-)
+from recoverd.coordinator.commit import commit
+from recoverd.coordinator.effects import Effect, EmitEvent, FinishJob
 from recoverd.coordinator.inputs import (
     CapacityReturned,
     CommandedNodeLost,
@@ -65,22 +57,12 @@ from recoverd.coordinator.observe import (
 )
 from recoverd.coordinator.recovery import step
 from recoverd.coordinator.settings import CoordinatorSettings
+from recoverd.coordinator.writes import effect_ops, job_removal_ops
 from recoverd.errors import FenceLost, Reason, RecoverdError, UnknownRank
 from recoverd.jobview import JobView, read_job
 from recoverd.keys import KeyKind, Keyspace, RunRef, printable
-from recoverd.records import encode, pb, ts_from_s, ts_to_s
-from recoverd.store import (
-    MAX_REQUEST_BYTES,
-    MAX_TXN_OPS,
-    Compare,
-    Delete,
-    DeletePrefix,
-    ModRevisionAtMost,
-    Op,
-    Put,
-    Store,
-    op_size,
-)
+from recoverd.records import encode, pb, ts_to_s
+from recoverd.store import Delete, DeletePrefix, Op, Put, Store
 
 __all__ = ["Coordinator"]
 
@@ -179,15 +161,7 @@ class Coordinator:
             finished = ts_to_s(view.status.finished_at)
             if now - finished >= self.settings.retention_s:
                 # The whole job goes: its record, every run's keys and its events.
-                await self._commit(
-                    view,
-                    [
-                        DeletePrefix(self.keys.job_prefix(job)),
-                        DeletePrefix(self.keys.job_events_prefix(job)),
-                        DeletePrefix(self.keys.job_rendezvous_prefix(job)),
-                    ],
-                    [],
-                )
+                await self._commit(view, job_removal_ops(self.keys, job), [])
                 log.info("removed finished job %s (run %s) after the retention period", job, run.uid)
             else:
                 if ops or ev:
@@ -352,7 +326,19 @@ class Coordinator:
             ops.append(Put(self.keys.recovery(run), encode(recovery_to_pb(rec, uuid))))
             if rec.phase is not before.phase:
                 note("phase", f"{before.phase} -> {rec.phase}", epoch=rec.epoch, phase=rec.phase.value)
-        ops.extend(self._apply_effects(view, run, rec, uuid, effects, now, note))
+        ops.extend(
+            effect_ops(
+                effects,
+                keys=self.keys,
+                view=view,
+                run=run,
+                rec=rec,
+                uuid=uuid,
+                now=now,
+                note=note,
+                settings=self.settings,
+            )
+        )
         if ops or ev:
             await self._commit(view, ops, ev)
         if more:
@@ -362,132 +348,12 @@ class Coordinator:
         if rec.phase in (Phase.DONE, Phase.FAILED) and before.phase is not rec.phase:
             await events.prune(self.store, self.keys, run, self.settings.event_cap)
 
-    def _apply_effects(
-        self,
-        view: JobView,
-        run: RunRef,
-        rec: Recovery,
-        uuid: str,
-        effects: Iterable[Effect],
-        now: float,
-        note,  # type: ignore[no-untyped-def]
-    ) -> list[Op]:
-        ops: list[Op] = []
-        signal_seq = view.last_signal_seq
-        history = pb.History()
-        if view.history is not None:
-            history.CopyFrom(view.history)
-        history_changed = False
-        for effect in effects:
-            if isinstance(effect, EmitEvent):
-                note(effect.reason, effect.message, epoch=rec.epoch, phase=rec.phase.value)
-            elif isinstance(effect, PublishSignal):
-                signal_seq += 1
-                signal = pb.Signal(
-                    seq=signal_seq,
-                    epoch=rec.epoch,
-                    uuid=uuid,
-                    signal_type=effect.signal_type,
-                    actions=list(effect.actions),
-                    fault_ranks=[pb.FaultRankWire(rank_id=str(r), fault_type=t) for r, t in effect.fault_ranks],
-                    change_strategy=effect.change_strategy,
-                    extra_params=effect.extra_params,
-                    sent_at=ts_from_s(now),
-                )
-                ops.append(Put(self.keys.signal(run, signal_seq), encode(signal)))
-            elif isinstance(effect, SendCommand):
-                command = pb.Command(
-                    epoch=rec.epoch,
-                    seq=effect.seq,
-                    action=getattr(pb, f"ACTION_{effect.action}"),
-                    ranks=list(effect.ranks),
-                    strategy=effect.strategy,
-                    issued_at=ts_from_s(now),
-                )
-                ops.append(Put(self.keys.command(run, effect.node), encode(command)))
-                note(
-                    "command_sent",
-                    f"{effect.action} {list(effect.ranks) or 'all'} to {effect.node}"
-                    f" (epoch {rec.epoch}, seq {effect.seq})",
-                    epoch=rec.epoch,
-                    node=effect.node,
-                )
-            elif isinstance(effect, RecordOutcome):
-                history.outcomes.append(
-                    pb.RecoveryOutcome(
-                        epoch=rec.epoch,
-                        strategy=effect.strategy,
-                        ranks=list(effect.ranks),
-                        opened_at=ts_from_s(rec.opened_at),
-                        closed_at=ts_from_s(now),
-                        ok=effect.ok,
-                    )
-                )
-                history_changed = True
-            elif isinstance(effect, ForgetNode):
-                ops.append(Delete(self.keys.ranks(run, effect.node)))
-                note("node_forgotten", f"lost node {effect.node}: its rank table is removed", node=effect.node)
-            elif isinstance(effect, FinishJob):
-                status = pb.JobStatus(
-                    uid=run.uid,
-                    state=pb.JOB_SUCCEEDED if effect.succeeded else pb.JOB_FAILED,
-                    reason=effect.reason,
-                    finished_at=ts_from_s(now),
-                )
-                ops.append(Put(self.keys.status(run), encode(status)))
-        if history_changed:
-            del history.outcomes[: max(0, len(history.outcomes) - self.settings.history_cap)]
-            ops.append(Put(self.keys.history(run), encode(history)))
-        excess = min(len(view.signals) - self.settings.signal_cap, self.settings.cleanups_per_pass)
-        for key in view.signals[: max(0, excess)]:
-            ops.append(Delete(key))
-        return ops
-
     async def _commit(self, view: JobView, ops: list[Op], ev: list[Put]) -> None:
-        """Apply one pass's writes atomically, fenced by leadership and the read revision."""
+        """Commit one pass's writes (``commit.commit``); a pass the job changed under is queued to
+        run again on a fresh read."""
         assert view.spec is not None
-        fence: list[Compare] = [
-            self.leadership.fence(),
-            ModRevisionAtMost(self.keys.job_prefix(view.spec.name), view.revision, is_prefix=True),
-        ]
-        prefixes = [op.prefix for op in ops if isinstance(op, DeletePrefix)]
-        written = {op.key for op in ops if isinstance(op, Put)}
-        # etcd refuses a transaction that touches one key twice: drop deletes that a prefix delete
-        # covers or that a put of the same key supersedes, and repeated deletes.
-        kept: list[Op] = []
-        deleted: set[str] = set()
-        for op in ops:
-            if isinstance(op, Delete):
-                if op.key in written or op.key in deleted or any(op.key.startswith(p) for p in prefixes):
-                    continue
-                deleted.add(op.key)
-            kept.append(op)
-        run = RunRef(view.spec.name, view.spec.uid)
-        own = frozenset({self.keys.recovery(run), self.keys.status(run), self.keys.history(run)})
-        head, tail = _split_ops(kept, budget=MAX_TXN_OPS, bytes_budget=MAX_REQUEST_BYTES, first=own)
-        if not tail and len(head) + len(ev) <= MAX_TXN_OPS and _size([*head, *ev]) <= MAX_REQUEST_BYTES:
-            head, ev = [*head, *ev], []  # the usual case: events commit with the change they describe
-        result = await self.store.txn(fence, head)
-        if not result.succeeded:
-            await self.leadership.check()
-            # The job changed under us: drop this pass and run it again on a fresh read.
+        if not await commit(self.store, self.keys, self.leadership, view, ops, ev):
             self._jobs.queue.add(view.spec.name)
-            return
-        # What did not fit: the rest of this pass's puts, fenced by the leader key and by the
-        # recovery record still being the one just written (a later pass owns it otherwise).
-        follow: list[Compare] = [
-            self.leadership.fence(),
-            ModRevisionAtMost(self.keys.recovery(run), result.revision),
-        ]
-        for chunk in _chunks(tail, MAX_TXN_OPS, MAX_REQUEST_BYTES):
-            if not (await self.store.txn(follow, chunk)).succeeded:
-                await self.leadership.check()
-                self._jobs.queue.add(view.spec.name)
-                return
-        # Events live outside jobs/: only the leader key fences them.
-        for chunk in _chunks(ev, MAX_TXN_OPS, MAX_REQUEST_BYTES):
-            if not (await self.store.txn(fence[:1], chunk)).succeeded:
-                await self.leadership.check()
 
     def _warn_once(self, key: str, mod_revision: int, message: str) -> bool:
         """Log a bad key that is kept (not removed) once per value; True the first time."""
@@ -498,43 +364,3 @@ class Coordinator:
         self._warned[key] = mod_revision
         log.warning("%s", printable(message))
         return True
-
-
-def _size(ops: list[Op] | list[Put]) -> int:
-    return sum(op_size(op) for op in ops)
-
-
-def _split_ops(
-    ops: list[Op], *, budget: int, bytes_budget: int, first: frozenset[str] = frozenset()
-) -> tuple[list[Op], list[Op]]:
-    """The ops of the fenced transaction (within both budgets) and the rest.
-
-    In priority order: puts of the keys in ``first`` (the coordinator's own records), then deletes
-    (the keys the pass consumed, so they are consumed exactly once, with the read), then the other
-    puts (commands, signals), which may follow in later transactions.
-    """
-
-    def priority(op: Op) -> int:
-        if isinstance(op, Put):
-            return 0 if op.key in first else 2
-        return 1
-
-    ordered = sorted(ops, key=priority)  # stable: the pass's own order within a priority
-    head: list[Op] = []
-    size = 0
-    for i, op in enumerate(ordered):
-        grown = size + op_size(op)
-        if len(head) >= budget or (head and grown > bytes_budget):
-            return head, ordered[i:]
-        head.append(op)
-        size = grown
-    return head, []
-
-
-def _chunks(ops: list[Op] | list[Put], budget: int, bytes_budget: int) -> list[list[Op]]:
-    out: list[list[Op]] = []
-    rest: list[Op] = list(ops)
-    while rest:
-        head, rest = _split_ops(rest, budget=budget, bytes_budget=bytes_budget)
-        out.append(head)
-    return out

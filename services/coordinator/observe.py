@@ -1,28 +1,62 @@
 """What a job's read says, in the state machine's terms: pure functions of a ``JobView``.
 
 The shell reads a job's whole prefix at one revision (``recoverd.jobview.read_job``); these
-functions derive from that one read who answers a recovery, where the ranks run, which nodes are
-lost, which deadlines apply and whether the job is over. No I/O, no clock (``now`` is an argument
-where a fault needs a detection time), nothing written.
+functions derive from that one read the state machine's inputs (``inputs.py``): which fault keys
+are real faults of this run, which nodes are lost, who answers a recovery, which reports and
+decision answer the current round, where the ranks run, which deadlines apply and whether the job
+is over. No I/O, no clock (``now`` is an argument where a fault needs a detection time), nothing
+written: ``fold.py`` decides what is consumed and recorded.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from recoverd import participants
-from recoverd.coordinator.model import FaultInfo, Layout, Recovery, Timeouts
+from recoverd.coordinator.codec import fault_from_pb
+from recoverd.coordinator.inputs import DecisionMade, RecoverStatusReported, StopCompleted, StrategiesReported
+from recoverd.coordinator.model import FaultInfo, Layout, Phase, Recovery, Timeouts
+from recoverd.errors import Reason, UnknownRank
 from recoverd.jobview import JobView, idle_spares
-from recoverd.records import pb
+from recoverd.records import pb, ts_to_s
 
 __all__ = [
+    "ANSWERS",
+    "Rejection",
     "all_succeeded",
+    "decision_input",
+    "empty_rank_tables",
+    "finished_at",
     "job_layout",
     "job_nodes",
     "job_timeouts",
     "live_participants",
     "lost_node_faults",
+    "pending_faults",
+    "rank_generations",
+    "report_input",
+    "screen_fault",
 ]
+
+#: The report kind that answers each waiting phase; any other kind is not for this phase.
+ANSWERS: dict[Phase, int] = {
+    Phase.STOPPING: pb.REPORT_STOP_COMPLETE,
+    Phase.GLOBAL_FAULT: pb.REPORT_STRATEGIES,
+    Phase.RECOVERING: pb.REPORT_RECOVER_STATUS,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """Why a fault key is not merged: recorded as an event with this reason (and the rank or node
+    it names); the key is consumed all the same."""
+
+    reason: str
+    detail: str
+    rank: int | None = None
+    node: str = ""
 
 
 def job_timeouts(policy: pb.Policy, default: Timeouts) -> Timeouts:
@@ -98,3 +132,71 @@ def all_succeeded(view: JobView, rec: Recovery) -> bool:
     states = {r.rank: r.state for nr in view.ranks.values() for r in nr.ranks}
     wanted = set(range(view.spec.world_size)) - {rank for rank, _ in rec.isolated}
     return bool(wanted) and all(states.get(rank) == pb.RANK_SUCCEEDED for rank in wanted)
+
+
+def finished_at(view: JobView) -> float | None:
+    """When the job finished (its status is final), or None while it runs."""
+    if view.status is not None and view.status.state in (pb.JOB_SUCCEEDED, pb.JOB_FAILED):
+        return ts_to_s(view.status.finished_at)
+    return None
+
+
+def pending_faults(view: JobView) -> list[tuple[str, pb.Fault]]:
+    """The fault keys of the run and their records, oldest first (ties by key)."""
+    return sorted(view.faults.items(), key=lambda item: (ts_to_s(item[1].detected_at), item[0]))
+
+
+def rank_generations(view: JobView) -> dict[int, int]:
+    """rank -> the generation its rank table says it runs."""
+    return {r.rank: r.generation for nr in view.ranks.values() for r in nr.ranks}
+
+
+def screen_fault(fault: pb.Fault, view: JobView, generations: Mapping[int, int]) -> FaultInfo | Rejection:
+    """The fault a fault record reports, or why it is not one of this run's: a rank outside the
+    world, or a generation the rank has already left behind (a late report of an earlier life).
+
+    A client reports ranks, not nodes: a fault without a node gets the node whose rank table
+    holds the rank ("" if none does).
+    """
+    assert view.spec is not None
+    world = view.spec.world_size
+    if not 0 <= fault.rank < world:
+        err = UnknownRank(f"fault {fault.fault_id} names rank {fault.rank}; the job has ranks 0..{world - 1}")
+        return Rejection(err.reason, err.detail, node=fault.node)
+    if fault.generation < generations.get(fault.rank, 0):
+        return Rejection(
+            Reason.STALE_EPOCH,
+            f"fault {fault.fault_id} is for generation {fault.generation} of rank {fault.rank},"
+            f" which already runs generation {generations[fault.rank]}",
+            rank=fault.rank,
+        )
+    info = fault_from_pb(fault)
+    if not fault.node:
+        node = next((n for n, t in view.ranks.items() if any(r.rank == fault.rank for r in t.ranks)), "")
+        info = dataclasses.replace(info, node=node)
+    return info
+
+
+def report_input(report: pb.Report, phase: Phase) -> StopCompleted | StrategiesReported | RecoverStatusReported | None:
+    """The input a report for the current epoch is, or None when it does not answer ``phase``."""
+    if ANSWERS.get(phase) != report.kind:
+        return None
+    if report.kind == pb.REPORT_STOP_COMPLETE:
+        return StopCompleted(report.epoch, report.participant, report.code)
+    if report.kind == pb.REPORT_STRATEGIES:
+        return StrategiesReported(report.epoch, report.participant, tuple(report.strategies))
+    return RecoverStatusReported(report.epoch, report.participant, report.code, report.strategy, report.message)
+
+
+def decision_input(view: JobView, rec: Recovery, nodes: tuple[str, ...], layout: Layout) -> DecisionMade | None:
+    """The selector's decision for the current epoch, while the recovery waits for one."""
+    if rec.phase is not Phase.DECIDING or rec.epoch not in view.decisions:
+        return None
+    decision = view.decisions[rec.epoch]
+    moves = tuple((m.from_node, m.to_node) for m in decision.moves)
+    return DecisionMade(rec.epoch, decision.strategy, tuple(decision.reasons), decision.give_up, nodes, moves, layout)
+
+
+def empty_rank_tables(view: JobView) -> list[str]:
+    """Nodes whose agent is gone and whose rank table holds nothing: the tables can go."""
+    return [node for node, table in sorted(view.ranks.items()) if node not in view.nodes and not table.ranks]

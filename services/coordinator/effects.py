@@ -1,8 +1,8 @@
 """What :func:`recovery.step` asks the shell to do: imperatives, as frozen dataclasses.
 
-The state machine only returns them; the shell turns each into etcd operations (and events) and
-commits them with the new recovery record in one fenced transaction. ``Effect`` is the
-union ``step`` returns.
+The state machine only returns them; ``writes.py`` turns each into etcd operations (and events),
+which the shell commits with the new recovery record in one fenced transaction (``commit.py``).
+``Effect`` is the union ``step`` returns.
 """
 
 from __future__ import annotations

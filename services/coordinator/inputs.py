@@ -1,9 +1,9 @@
 """The state machine's inputs: past-tense facts the shell observed, as frozen dataclasses.
 
-The shell builds them from each pass's read of the job; :func:`recovery.step` is their only
-consumer. Every input that answers a phase names the epoch it answers, so a late one
-is recognisably stale (``StaleEpoch``). ``Event`` is the union ``step`` accepts; its members are
-the event types of ``recovery.TRANSITIONS``.
+The shell derives them from each pass's read of the job (``observe.py``) and folds them in a fixed
+order (``fold.py``); :func:`recovery.step` is their only consumer. Every input tied to a round
+names the epoch it answers, so a late one is recognisably stale (``StaleEpoch``). ``Event`` is the
+union ``step`` accepts; its members are the event types of ``recovery.TRANSITIONS``.
 """
 
 from __future__ import annotations

@@ -2,10 +2,11 @@
 
 One job has at most one recovery in progress (``model.Recovery``). :func:`step` is the only way a
 recovery changes: ``step(rec, event, now, timeouts) -> (new_rec, effects)``. The shell
-(``reconciler.py``) reads etcd, turns what it sees into events (``inputs.py``), folds them through
-:func:`step`, and commits the new record and the effects (``effects.py``) as one fenced etcd
-transaction. Time is an input (``now``, wall-clock seconds, because deadlines are stored in etcd for
-a standby on another host to read); a passed deadline is the event :class:`DeadlinePassed`.
+(``reconciler.py``) reads etcd, turns what it sees into events (``inputs.py``, derived by
+``observe.py``), folds them through :func:`step` (``fold.py``), and commits the new record and the
+effects (``effects.py``) as one fenced etcd transaction. Time is an input (``now``, wall-clock
+seconds, because deadlines are stored in etcd for a standby on another host to read); a passed
+deadline is the event :class:`DeadlinePassed`.
 
 The walk follows MindCluster's ClusterD order (reference/mindcluster-contract.md section 7)::
 

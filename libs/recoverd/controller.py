@@ -12,14 +12,22 @@ event costs nothing. Errors are sorted (sample-controller style):
 * any other :class:`RecoverdError` is bad input: logged and not retried (a retry cannot fix it);
 * an unexpected exception is logged with its traceback and retried;
 * exceptions of the ``fatal`` types (the coordinator's FenceLost) end the loop.
+
+With ``cached=True`` the controller keeps every job's keys from its watch (:class:`JobCache`) and
+:meth:`view` builds a pass's view from them instead of reading etcd (docs/adr/0029). A reconciler
+that wrote at revision R says so (:meth:`written`), and its next view of that job waits until the
+watch has brought R back, so it never starts from a state older than its own write.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
 from recoverd.errors import EtcdRefused, EtcdUnavailable, RecoverdError
+from recoverd.jobcache import JobCache
+from recoverd.jobview import DecodeMemo, JobView, read_job
 from recoverd.keys import Keyspace
 from recoverd.store import Resync, Store
 from recoverd.workqueue import WorkQueue
@@ -38,6 +46,9 @@ class JobController:
         *,
         name: str,
         fatal: tuple[type[BaseException], ...] = (),
+        cached: bool = False,
+        memo: DecodeMemo | None = None,
+        lag_timeout_s: float = 2.0,
     ) -> None:
         self.store = store
         self.keys = keys
@@ -45,21 +56,49 @@ class JobController:
         self.name = name
         self.fatal = fatal
         self.queue: WorkQueue[str] = WorkQueue()
+        self.cache = JobCache(keys, memo) if cached else None
+        #: How long a view waits for the watch to bring back a write before reading etcd instead.
+        self.lag_timeout_s = lag_timeout_s
+        #: job -> the revision of the reconciler's last write to it (its next view must include it).
+        self._written: dict[str, int] = {}
 
     async def enqueue_all(self) -> int:
         """Enqueue every job once; return the revision of the read (watch from the next one)."""
-        snap = await self.store.get_prefix(self.keys.jobs_prefix(), keys_only=True)  # names are enough
-        for kv in snap.kvs:
-            if job := self.keys.job_of(kv.key):
-                self.queue.add(job)
+        if self.cache is not None:
+            snap = await self.store.get_prefix(self.keys.jobs_prefix())
+            jobs = self.cache.load(snap)
+        else:
+            snap = await self.store.get_prefix(self.keys.jobs_prefix(), keys_only=True)  # names are enough
+            jobs = {job for kv in snap.kvs if (job := self.keys.job_of(kv.key))}
+        for job in sorted(jobs):
+            self.queue.add(job)
         return snap.revision
 
     async def watch(self, start_revision: int) -> None:
         async for item in self.store.watch_prefix(self.keys.jobs_prefix(), start_revision):
             if isinstance(item, Resync):
                 await self.enqueue_all()
-            elif job := self.keys.job_of(item.key):
+                continue
+            job = self.cache.apply(item) if self.cache is not None else self.keys.job_of(item.key)
+            if job:
                 self.queue.add(job)
+
+    def written(self, job: str, revision: int) -> None:
+        """The reconciler wrote ``job``'s keys at ``revision``: its next view must include that."""
+        self._written[job] = max(revision, self._written.get(job, 0))
+
+    async def view(self, job: str) -> JobView:
+        """The job as a pass starts from: from the cache when there is one, else read from etcd."""
+        if self.cache is None:
+            return await read_job(self.store, self.keys, job)
+        needed = self._written.get(job, 0)
+        if self.cache.revision < needed:
+            try:
+                await asyncio.wait_for(self.cache.reached(needed), self.lag_timeout_s)
+            except TimeoutError:
+                return await read_job(self.store, self.keys, job)  # the watch lags: etcd itself
+        await self.cache.warm(job)
+        return self.cache.view(job)
 
     async def work(self) -> None:
         while True:

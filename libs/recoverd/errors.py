@@ -116,6 +116,10 @@ class EtcdUnavailable(RecoverdError):
     reason = Reason.ETCD_UNAVAILABLE
 
 
+class ReadCompacted(EtcdUnavailable):
+    """A read pinned at a revision that etcd has compacted away since: read again at a fresh one."""
+
+
 class EtcdRefused(RecoverdError):
     """etcd answered, and refused the request (invalid argument, precondition): a retry of the same
     request gets the same answer, so it is logged loudly and never retried as "etcd unavailable"."""

@@ -17,16 +17,28 @@ read as this run's.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from recoverd.errors import BadRecord
+from recoverd.errors import BadRecord, ReadCompacted
 from recoverd.keys import KeyKind, Keyspace, RunRef
 from recoverd.records import decode, pb
 from recoverd.store import Store
 from recoverd.validate import JobFrame, check_record, check_size, check_spec, sequence_of
 
-__all__ = ["RECORD_CLASSES", "BadKey", "JobView", "idle_spares", "node_of_rank", "ranks_running_elsewhere", "read_job"]
+__all__ = [
+    "RECORD_CLASSES",
+    "BadKey",
+    "DecodeMemo",
+    "JobView",
+    "build_view",
+    "idle_spares",
+    "node_of_rank",
+    "ranks_running_elsewhere",
+    "read_job",
+    "warm_memo",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,38 +143,161 @@ def _read_spec(view: JobView, keys: Keyspace, job: str, kvs: list[Any]) -> None:
 async def read_job(store: Store, keys: Keyspace, job: str) -> JobView:
     """Read, decode and validate one job's keys at one revision; bad ones go to ``view.bad``."""
     snap = await store.get_prefix(keys.job_prefix(job))
-    view = JobView(snap.revision)
-    _read_spec(view, keys, job, snap.kvs)
+    return build_view(keys, job, snap.kvs, snap.revision)
+
+
+async def read_node_view(store: Store, keys: Keyspace, job: str, node: str, ranks: Iterable[int]) -> JobView:
+    """What one node's agent needs of its job to join, rejoin or adopt, as one consistent read.
+
+    The spec, the run's status, recovery and node records, this node's rank table, and the rank
+    tables of the live nodes whose records hold any of this node's ranks (``ranks``, the ones it
+    means to run, and the ones its table holds): not every node's table, so
+    that 512 agents joining at once read ~512 small records each, not the whole job (docs/scale.md).
+    The view is a partial one, at the revision of the first read; every other read is pinned to it.
+    """
+    while True:
+        spec_read = await store.read(keys.job_spec(job))
+        revision = spec_read.revision
+        kvs = list(spec_read.kvs)
+        view = build_view(keys, job, kvs, revision)
+        if view.run is None:
+            # No usable spec: joining creates or replaces the run, fenced on the whole prefix.
+            return view
+        run = view.run
+        try:
+            nodes = await store.get_prefix(keys.nodes_prefix(run), revision=revision)
+            kvs += nodes.kvs
+            for key in (keys.status(run), keys.recovery(run), keys.ranks(run, node)):
+                kvs += (await store.read(key, revision=revision)).kvs
+            mine = build_view(keys, job, kvs, revision)
+            own = set(ranks) | ({r.rank for r in mine.ranks[node].ranks} if node in mine.ranks else set())
+            for other, record in mine.nodes.items():
+                if other != node and own & set(record.ranks):
+                    kvs += (await store.read(keys.ranks(run, other), revision=revision)).kvs
+        except ReadCompacted:
+            continue  # compacted between the reads: read it all again at a fresh revision
+        return build_view(keys, job, kvs, revision)
+
+
+class DecodeMemo:
+    """Decoded records by key, kept while the key's value is unchanged (same mod revision).
+
+    A reconciler that keeps a job's keys from its watch (:class:`~recoverd.jobcache.JobCache`)
+    builds a view on every pass; with the memo only the keys that changed since the last pass are
+    parsed, decoded and validated again, so a pass costs what changed, not the job's size. The
+    records are shared between views: a pass must copy a record before changing it.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[int, JobFrame, _Decoded]] = {}
+
+    def get(self, key: str, mod_revision: int, frame: JobFrame) -> _Decoded | None:
+        entry = self._entries.get(key)
+        if entry is None or entry[0] != mod_revision or entry[1] != frame:
+            return None
+        return entry[2]
+
+    def put(self, key: str, mod_revision: int, frame: JobFrame, decoded: _Decoded) -> None:
+        self._entries[key] = (mod_revision, frame, decoded)
+
+    def forget(self, key: str) -> None:
+        self._entries.pop(key, None)
+
+    def retain(self, keys: set[str]) -> None:
+        """Forget every key not in ``keys`` (after a full re-read)."""
+        for key in [k for k in self._entries if k not in keys]:
+            del self._entries[key]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+#: What one key of a run decodes to: (its reference, its record) or why it is bad.
+_Decoded = tuple[Any, Any] | BadKey
+
+
+def _decode_key(keys: Keyspace, kv: Any, frame: JobFrame) -> _Decoded:
+    try:
+        ref = keys.parse(kv.key)
+    except BadRecord as err:
+        return BadKey(kv.key, kv.value, err.detail, None, kv.lease, kv.mod_revision)
+    if ref.uid != frame.uid:
+        return (ref, None)
+    decoder = RECORD_CLASSES.get(ref.kind)
+    if decoder is None:
+        return (ref, None)
+    try:
+        check_size(ref.kind, kv.value)
+        msg: Any = decode(decoder, kv.value, kv.key)
+        check_record(ref, msg, kv.lease, frame)
+    except BadRecord as err:
+        return BadKey(kv.key, kv.value, err.detail, ref.kind, kv.lease, kv.mod_revision)
+    return (ref, msg)
+
+
+def warm_memo(keys: Keyspace, job: str, kvs: Any, memo: DecodeMemo, budget: int) -> int:
+    """Decode into ``memo`` up to ``budget`` of ``kvs`` it does not hold yet; return how many.
+
+    A reconciler with a cold memo (a new leader, 4,000 records at 512 nodes) calls it in slices and
+    yields to its event loop between them, so its lease keep-alives are never starved by one long
+    decode (which cost a 512-node coordinator its leadership, over and over).
+    """
+    kvs = list(kvs)
+    spec = next((kv for kv in kvs if kv.key == keys.job_spec(job)), None)
+    if spec is None:
+        return 0
+    view = JobView(0)
+    _read_spec(view, keys, job, [spec])
+    if view.spec is None:
+        return 0
+    frame = JobFrame(job, view.spec.uid, view.spec.world_size, view.spec.nnodes)
+    done = 0
+    for kv in kvs:
+        if done >= budget:
+            break
+        if kv.key == spec.key or memo.get(kv.key, kv.mod_revision, frame) is not None:
+            continue
+        memo.put(kv.key, kv.mod_revision, frame, _decode_key(keys, kv, frame))
+        done += 1
+    return done
+
+
+def build_view(keys: Keyspace, job: str, kvs: Any, revision: int, memo: DecodeMemo | None = None) -> JobView:
+    """Decode and validate one job's keys (as read at ``revision``) into a view.
+
+    ``kvs``: every key of ``jobs/<job>/`` (objects with ``key``, ``value``, ``lease`` and
+    ``mod_revision``). ``memo``: decoded records to reuse for keys whose value is unchanged.
+    """
+    kvs = list(kvs)
+    view = JobView(revision)
+    _read_spec(view, keys, job, kvs)
     if view.spec is None:
         return view
     view.run = RunRef(job, view.spec.uid)
     frame = JobFrame(job, view.spec.uid, view.spec.world_size, view.spec.nnodes)
     signals: list[tuple[int, str]] = []
-    for kv in snap.kvs:
-        if kv.key == keys.job_spec(job):
+    spec_key = keys.job_spec(job)
+    for kv in kvs:
+        if kv.key == spec_key:
             continue
-        try:
-            ref = keys.parse(kv.key)
-        except BadRecord as err:
-            view.bad.append(BadKey(kv.key, kv.value, err.detail, None, kv.lease, kv.mod_revision))
+        decoded = memo.get(kv.key, kv.mod_revision, frame) if memo is not None else None
+        if decoded is None:
+            decoded = _decode_key(keys, kv, frame)
+            if memo is not None:
+                memo.put(kv.key, kv.mod_revision, frame, decoded)
+        if isinstance(decoded, BadKey):
+            bad = decoded
+            view.bad.append(bad)
+            if bad.is_live_record and bad.kind is KeyKind.NODE:
+                view.nodes[kv.key.rsplit("/", 1)[1]] = pb.NodeRecord(node=kv.key.rsplit("/", 1)[1], node_rank=-1)
+            elif bad.is_live_record:
+                view.clients[kv.key.rsplit("/", 1)[1]] = pb.ClientRecord(client_id=kv.key.rsplit("/", 1)[1])
             continue
+        ref, msg = decoded
         if ref.uid != view.spec.uid:
             view.other_runs.add(ref.uid)
             continue
-        decoder = RECORD_CLASSES.get(ref.kind)
-        if decoder is None:
-            continue
-        try:
-            check_size(ref.kind, kv.value)
-            msg: Any = decode(decoder, kv.value, kv.key)
-            check_record(ref, msg, kv.lease, frame)
-        except BadRecord as err:
-            bad = BadKey(kv.key, kv.value, err.detail, ref.kind, kv.lease, kv.mod_revision)
-            view.bad.append(bad)
-            if bad.is_live_record and ref.kind is KeyKind.NODE:
-                view.nodes[ref.name] = pb.NodeRecord(node=ref.name, node_rank=-1)
-            elif bad.is_live_record:
-                view.clients[ref.name] = pb.ClientRecord(client_id=ref.name)
+        if msg is None:
             continue
         if ref.kind is KeyKind.STATUS:
             view.status = msg

@@ -48,7 +48,14 @@ from typing import Any, TypeVar
 import aetcd
 import aetcd.exceptions as aetcd_errors
 
-from recoverd.errors import ConfigError, EtcdRefused, EtcdUnavailable, RecoverdError, RequestTooLarge
+from recoverd.errors import (
+    ConfigError,
+    EtcdRefused,
+    EtcdUnavailable,
+    ReadCompacted,
+    RecoverdError,
+    RequestTooLarge,
+)
 from recoverd.etcd_versions import known_problem
 from recoverd.keys import printable
 
@@ -243,6 +250,8 @@ class WatchEvent:
     value: bytes
     mod_revision: int
     is_delete: bool
+    #: The lease the key is attached to (0: none); a delete carries none.
+    lease: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -467,7 +476,15 @@ class Store:
             return None
         return KV(key, result.value, result.mod_revision, result.create_revision, result.lease)
 
-    async def get_prefix(self, prefix: str, *, keys_only: bool = False) -> Snapshot:
+    async def read(self, key: str, *, revision: int = 0) -> Snapshot:
+        """Exactly ``key`` (zero or one KV) with the revision it was read at: absent as of then.
+
+        ``revision``: read as of that revision (several reads then form one consistent snapshot).
+        """
+        start = _raw(key)
+        return await self._read_at(start, start + b"\0", revision, key)
+
+    async def get_prefix(self, prefix: str, *, keys_only: bool = False, revision: int = 0) -> Snapshot:
         """Every key under ``prefix`` at one revision (sorted by key); ``keys_only`` leaves values empty.
 
         Read in pages of at most ``page_keys`` keys, every page at the first page's revision, so the
@@ -477,6 +494,8 @@ class Store:
         """
         start = _raw(prefix)
         end = _prefix_end(start)
+        if revision:
+            return await self._read_at(start, end, revision, prefix, keys_only)
         for _ in range(_COMPACTED_RETRIES):
             try:
                 return await self._read_range(start, end, keys_only)
@@ -484,9 +503,14 @@ class Store:
                 continue
         raise EtcdUnavailable(f"reading {printable(prefix)}: history compacted under every attempt")
 
-    async def _read_range(self, start: bytes, end: bytes, keys_only: bool) -> Snapshot:
+    async def _read_at(self, start: bytes, end: bytes, revision: int, what: str, keys_only: bool = False) -> Snapshot:
+        try:
+            return await self._read_range(start, end, keys_only, revision)
+        except _Compacted:
+            raise ReadCompacted(f"reading {printable(what)} at revision {revision}: compacted since") from None
+
+    async def _read_range(self, start: bytes, end: bytes, keys_only: bool, revision: int = 0) -> Snapshot:
         kvs: list[KV] = []
-        revision = 0
         key = start
         while True:
             response = await self._range_page(key, end, revision, keys_only)
@@ -679,7 +703,11 @@ class Store:
                     kv = event.kv
                     next_rev = kv.mod_revision + 1
                     yield WatchEvent(
-                        _text(kv.key), kv.value, kv.mod_revision, event.kind == aetcd.rtypes.EventKind.DELETE
+                        _text(kv.key),
+                        kv.value,
+                        kv.mod_revision,
+                        event.kind == aetcd.rtypes.EventKind.DELETE,
+                        kv.lease,
                     )
                 # The iterator ended without an error: the stream was shut down under us.
                 raise aetcd_errors.ConnectionFailedError("watch stream ended")

@@ -31,6 +31,7 @@ from google.protobuf.message import Message
 from recoverd.errors import BadRecord
 from recoverd.keys import KeyKind, KeyRef, check_id, printable
 from recoverd.records import pb
+from recoverd.strategies import ALL_STRATEGIES
 
 __all__ = [
     "MAX_OWN_VALUE_BYTES",
@@ -137,6 +138,9 @@ def check_record(ref: KeyRef, msg: Message, lease: int, frame: JobFrame) -> None
         if not -1 <= m.node_rank < max(frame.nnodes, 1):
             raise BadRecord(f"node {ref.name!r} claims node rank {m.node_rank}; the job has 0..{frame.nnodes - 1}")
         _ranks(m.ranks, frame, f"node {ref.name!r}")
+        unknown = [printable(x) for x in m.strategies if x not in ALL_STRATEGIES]
+        if unknown or len(m.strategies) > len(ALL_STRATEGIES):
+            raise BadRecord(f"node {ref.name!r} declares strategies {unknown or list(m.strategies)}: not known ones")
     elif kind is KeyKind.CLIENT:
         _named(m.client_id, ref.name, "client record for client")
         if not lease:

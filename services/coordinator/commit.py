@@ -34,12 +34,13 @@ __all__ = ["chunks", "commit", "drop_repeated_deletes", "split_ops"]
 
 async def commit(
     store: Store, keys: Keyspace, leadership: Leadership, view: JobView, ops: list[Op], ev: list[Put]
-) -> bool:
+) -> int | None:
     """Apply one pass's writes (``ops`` under ``jobs/``, events ``ev``) as above.
 
-    Returns False when the job changed underneath, before or between the fenced transactions: the
-    caller runs the pass again. Raises FenceLost when a write was refused because this coordinator
-    no longer holds the leader key.
+    Returns the revision of the last write under ``jobs/`` (the next pass must see it), or None when
+    the job changed underneath, before or between the fenced transactions: the caller runs the pass
+    again. Raises FenceLost when a write was refused because this coordinator no longer holds the
+    leader key.
     """
     assert view.spec is not None
     fence: list[Compare] = [
@@ -54,19 +55,22 @@ async def commit(
     result = await store.txn(fence, head)
     if not result.succeeded:
         await leadership.check()
-        return False  # the job changed under us: drop this pass and run it again on a fresh read
+        return None  # the job changed under us: drop this pass and run it again on a fresh read
+    written = result.revision
     # What did not fit: the rest of this pass's puts, fenced by the leader key and by the
     # recovery record still being the one just written (a later pass owns it otherwise).
     follow: list[Compare] = [leadership.fence(), ModRevisionAtMost(keys.recovery(run), result.revision)]
     for chunk in chunks(tail, MAX_TXN_OPS, MAX_REQUEST_BYTES):
-        if not (await store.txn(follow, chunk)).succeeded:
+        followed = await store.txn(follow, chunk)
+        if not followed.succeeded:
             await leadership.check()
-            return False
+            return None
+        written = followed.revision
     # Events live outside jobs/: only the leader key fences them.
     for chunk in chunks(ev, MAX_TXN_OPS, MAX_REQUEST_BYTES):
         if not (await store.txn(fence[:1], chunk)).succeeded:
             await leadership.check()
-    return True
+    return written
 
 
 def drop_repeated_deletes(ops: list[Op]) -> list[Op]:

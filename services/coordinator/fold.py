@@ -10,11 +10,14 @@ reports of the old epoch stale), in this order:
 1. the pending faults (oldest first, a bounded number; each key consumed, real or not);
 2. the faults of lost nodes (a lease expired while its ranks ran);
 3. the live participants; a commanded node that is gone;
-4. the reports for the current epoch (a bounded number of stale ones recorded and consumed);
+4. the reports for the current epoch (a bounded number of stale ones recorded and consumed), then
+   the answers no agent writes (``observe.implied_answers``: uninvolved agents, declared
+   strategies, commanded nodes' acks), phase after phase while they complete one;
 5. the selector's decision for the current epoch (first, the rank tables of dead agents that held
    nothing are removed, a few per pass);
 6. a passed deadline; spares that returned while ranks are isolated;
-7. the end of the job (every rank exited 0, nothing being recovered).
+7. the implied answers again (a decision or a deadline opened a new phase); the end of the job
+   (every rank exited 0, nothing being recovered).
 
 A rejected input (``IllegalTransition``, ``StaleEpoch``) is recorded as an event and changes
 nothing. No I/O: the shell (``reconciler.py``) reads, screens bad keys into the fold, and commits
@@ -43,6 +46,7 @@ from recoverd.coordinator.observe import (
     all_succeeded,
     decision_input,
     empty_rank_tables,
+    implied_answers,
     job_layout,
     job_nodes,
     job_timeouts,
@@ -96,7 +100,6 @@ class Fold:
         self.is_rebuilt = False
         self.effects: list[Effect] = []
         self.timeouts = job_timeouts(view.spec.policy, settings.timeouts)
-        self.live = live_participants(view)
 
     # ---------------------------------------------------------------- recording
     def note(
@@ -174,9 +177,10 @@ class Fold:
         """Derive the inputs in the module docstring's order and fold each through ``step``."""
         self._faults()
         for lost in lost_node_faults(self.view, self.now):
-            self.apply(FaultReported(lost, self.live))
+            self.apply(FaultReported(lost, self._live()))
         self._liveness()
         self._reports()
+        self._implied_answers()
         nodes = job_nodes(self.view)
         layout = job_layout(self.view)
         self._remove_empty_rank_tables()
@@ -188,6 +192,7 @@ class Fold:
         rec = self.rec
         if rec.phase is Phase.DONE and rec.isolated and layout.spares and not all_succeeded(self.view, rec):
             self.apply(CapacityReturned(layout))
+        self._implied_answers()
         self._job_end()
 
     def write(self) -> None:
@@ -230,7 +235,7 @@ class Fold:
             if isinstance(screened, Rejection):
                 self.note(screened.reason, screened.detail, rank=screened.rank, node=screened.node)
                 continue
-            self.apply(FaultReported(screened, self.live))
+            self.apply(FaultReported(screened, self._live()))
             if fault.stacks:
                 self._keep_stacks(fault, screened)
 
@@ -251,11 +256,29 @@ class Fold:
         """Who is still there; and a node sent a command in this phase whose agent is gone (its
         lease expired, or its record was removed; a clobbered record counts as live for its grace):
         the strategy fails now, not at the recover deadline (the state machine says which count)."""
-        if self.rec.is_active and self.live != self.rec.participants:
-            self.apply(ParticipantsChanged(self.live))
+        if self.rec.is_active and (live := self._live()) != self.rec.participants:
+            self.apply(ParticipantsChanged(live))
         rec = self.rec
         if rec.phase is Phase.RECOVERING and (gone := rec.command_nodes - self.view.nodes.keys()):
             self.apply(CommandedNodeLost(rec.epoch, frozenset(gone)))
+
+    def _live(self) -> frozenset[str]:
+        return live_participants(self.view, self.rec)
+
+    def _implied_answers(self) -> None:
+        """The answers no agent writes (``observe.implied_answers``): the coordinator gives them,
+        phase after phase, as long as they complete one (uninvolved nodes cost no round trip)."""
+        for _ in range(len(Phase)):
+            if self.rec.is_active and (live := self._live()) != self.rec.participants:
+                self.apply(ParticipantsChanged(live))
+            answers = implied_answers(self.view, self.rec)
+            if not answers:
+                return
+            at = (self.rec.phase, self.rec.epoch)
+            for answer in answers:
+                self.apply(answer)
+                if (self.rec.phase, self.rec.epoch) != at:
+                    break  # the phase is complete: the next one's answers are derived afresh
 
     def _reports(self) -> None:
         """Answers to the current phase; anything for another epoch is stale: recorded and

@@ -123,7 +123,7 @@ class Recovery:
     command_seq: int = 0
     #: Nodes sent a command in this RECOVERING phase: their agents must confirm it too.
     command_nodes: frozenset[str] = frozenset()
-    #: Every node of the job named by this recovery's decisions: `dump`'s trailing `exit` restarts them all.
+    #: While a `dump` runs: every node of the job (its trailing `exit` restarts them all); else empty.
     job_nodes: tuple[str, ...] = ()
     #: (rank, node it ran on) of ranks out of the job after a downgrade; kept across recoveries.
     isolated: tuple[tuple[int, str], ...] = ()

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 
 from recoverd import participants
 from recoverd.coordinator.codec import fault_from_pb
-from recoverd.coordinator.inputs import DecisionMade, RecoverStatusReported, StopCompleted, StrategiesReported
-from recoverd.coordinator.model import FaultInfo, Layout, Phase, Recovery, Timeouts
+from recoverd.coordinator.inputs import DecisionMade, Event, RecoverStatusReported, StopCompleted, StrategiesReported
+from recoverd.coordinator.model import WAITING_PHASES, FaultInfo, Layout, Phase, Recovery, Timeouts
 from recoverd.errors import Reason, UnknownRank
 from recoverd.jobview import JobView, idle_spares
 from recoverd.records import pb, ts_to_s
+from recoverd.strategies import ALL_STRATEGIES
 
 __all__ = [
     "ANSWERS",
@@ -29,6 +30,7 @@ __all__ = [
     "decision_input",
     "empty_rank_tables",
     "finished_at",
+    "implied_answers",
     "job_layout",
     "job_nodes",
     "job_timeouts",
@@ -118,12 +120,59 @@ def job_nodes(view: JobView) -> tuple[str, ...]:
     return tuple(sorted(set(view.nodes) | holding))
 
 
-def live_participants(view: JobView) -> frozenset[str]:
-    """Who answers a recovery: the job's live clients if it has any (MindCluster style, one
-    controller per job), otherwise each live node agent for its own ranks."""
+def live_participants(view: JobView, rec: Recovery) -> frozenset[str]:
+    """Who answers ``rec``: the job's live clients if it has any (MindCluster style, one controller
+    per job); otherwise the node agents, each answering itself only where it alone can
+    (``participants.agent_reports``): the live nodes that hold a fault rank of ``rec`` (they stop
+    them) and the agents whose records declare no strategies; every other live agent is answered
+    for by the coordinator, as :data:`~recoverd.participants.AGENTS` (docs/adr/0029). With no live
+    agent at all, nobody answers, and the phase waits for its deadline or a node."""
     if view.clients:
         return frozenset(participants.of_client(c) for c in view.clients)
-    return frozenset(participants.of_node(n) for n in view.nodes)
+    if not view.nodes:
+        return frozenset()
+    holders = {f.node for f in rec.faults} & view.nodes.keys()
+    undeclared = {name for name, record in view.nodes.items() if not record.strategies}
+    return frozenset({participants.AGENTS, *(participants.of_node(n) for n in holders | undeclared)})
+
+
+def implied_answers(view: JobView, rec: Recovery) -> list[Event]:
+    """The answers of the current waiting phase that no agent writes (docs/adr/0029).
+
+    * For :data:`~recoverd.participants.AGENTS` and for any participating agent that does not
+      report in this phase: stopped (nothing of theirs to stop), the strategies their node records
+      declare (for AGENTS: what every live agent declares), or recovered (nothing to confirm).
+    * In RECOVERING, a commanded node's answer is its ack of this epoch's command: ok, or code 1
+      with the ack's detail.
+    Answers already counted are not given again.
+    """
+    if rec.phase not in WAITING_PHASES:
+        return []
+    declared = {participants.of_node(n): tuple(r.strategies) for n, r in view.nodes.items() if r.strategies}
+    every = set(ALL_STRATEGIES)
+    for offered in declared.values():
+        every &= set(offered)
+    commanded = {participants.of_node(n): n for n in rec.command_nodes}
+    out: list[Event] = []
+    for who in sorted((rec.participants | commanded.keys()) - rec.reported):
+        if rec.phase is Phase.RECOVERING and who in commanded:
+            ack = view.acks.get(commanded[who])
+            if ack is not None and ack.epoch == rec.epoch:
+                code = 0 if ack.ok else 1
+                out.append(RecoverStatusReported(rec.epoch, who, code, rec.strategy, "" if ack.ok else ack.detail))
+            continue
+        if who != participants.AGENTS and (
+            not participants.is_agent(who) or participants.agent_reports(rec.phase.value, declared=who in declared)
+        ):
+            continue  # a client, or an agent that answers this phase itself
+        if rec.phase is Phase.STOPPING:
+            out.append(StopCompleted(rec.epoch, who))
+        elif rec.phase is Phase.GLOBAL_FAULT:
+            offered = declared.get(who) or tuple(s for s in ALL_STRATEGIES if s in every)
+            out.append(StrategiesReported(rec.epoch, who, offered))
+        else:
+            out.append(RecoverStatusReported(rec.epoch, who, 0, rec.strategy))
+    return out
 
 
 def all_succeeded(view: JobView, rec: Recovery) -> bool:

@@ -1,9 +1,11 @@
 """The coordinator's shell: one leader, a watch-driven queue of jobs, one fenced pass per job.
 
 Level-triggered (Kubernetes-controller style): a watch on ``jobs/`` only enqueues the job a changed
-key belongs to; a worker reads the job's whole prefix at one revision and runs one pass:
+key belongs to, and keeps every job's keys (``recoverd.jobcache``); a worker takes the job's keys as
+of one revision and runs one pass:
 
-1. read (``recoverd.jobview.read_job``);
+1. view the job from the watch-fed cache (``JobController.view``; decoded once per changed key, and
+   never older than this coordinator's own last write to it: docs/adr/0029);
 2. screen bad keys (``badkeys.py``) and remove an earlier run's leftovers;
 3. a finished job: remove it whole once its retention has passed, else wait for that;
 4. otherwise turn the read into state-machine inputs and fold them through
@@ -12,7 +14,7 @@ key belongs to; a worker reads the job's whole prefix at one revision and runs o
 5. commit them as one transaction fenced by the leader key and the revision read (``commit.py``);
 6. queue the job again for what was left, and for its next deadline.
 
-If the fence fails the pass is dropped and re-run from a fresh read; it is never patched. A missed
+If the fence fails the pass is dropped and re-run from a fresh view; it is never patched. A missed
 watch event costs nothing: after a resync every job is enqueued once, and phase deadlines are
 timers that enqueue the job. A pass never exceeds etcd's limits (docs/adr/0019): it consumes at
 most a bounded number of keys of each kind (faults, bad keys, stale reports, cleanups) and requeues
@@ -39,7 +41,7 @@ from recoverd.coordinator.observe import finished_at
 from recoverd.coordinator.settings import CoordinatorSettings
 from recoverd.coordinator.writes import job_removal_ops
 from recoverd.errors import FenceLost
-from recoverd.jobview import JobView, read_job
+from recoverd.jobview import DecodeMemo, JobView
 from recoverd.keys import Keyspace
 from recoverd.store import Op, Put, Store
 
@@ -57,7 +59,15 @@ class Coordinator:
         self.settings = settings or CoordinatorSettings()
         self.leadership = Leadership(store, keys, self.settings.lease_ttl_s)
         self._bad_keys = BadKeys(self.settings)
-        self._jobs = JobController(store, keys, self.reconcile, name="coordinator", fatal=(FenceLost,))
+        #: Decoded records, kept across terms: a re-elected coordinator does not decode 4,000 again.
+        self._memo = DecodeMemo()
+        self._jobs = self._controller()
+
+    def _controller(self) -> JobController:
+        """A fresh queue and job cache per term (a new leader starts from a full read)."""
+        return JobController(
+            self.store, self.keys, self.reconcile, name="coordinator", fatal=(FenceLost,), cached=True, memo=self._memo
+        )
 
     # ---------------------------------------------------------------- leadership
     async def run(self) -> None:
@@ -67,7 +77,7 @@ class Coordinator:
     async def _lead(self, lease_lost: asyncio.Event) -> None:
         """One term: enqueue every job once, then watch ``jobs/`` and the leader key and work the
         queue, until the fence or the lease is lost."""
-        self._jobs = JobController(self.store, self.keys, self.reconcile, name="coordinator", fatal=(FenceLost,))
+        self._jobs = self._controller()
         try:
             async with supervised_group() as group:
                 start = await self._jobs.enqueue_all()
@@ -85,7 +95,7 @@ class Coordinator:
     # ---------------------------------------------------------------- one pass
     async def reconcile(self, job: str) -> None:
         """Bring one job one step closer to its desired state; safe to run any number of times."""
-        view = await read_job(self.store, self.keys, job)
+        view = await self._jobs.view(job)  # from the watch, as of the last event (docs/adr/0029)
         now = time.time()
         if view.spec is None or view.run is None:
             if view.spec_error:
@@ -133,5 +143,8 @@ class Coordinator:
         """Commit one pass's writes (``commit.commit``); a pass the job changed under is queued to
         run again on a fresh read."""
         assert view.spec is not None
-        if not await commit(self.store, self.keys, self.leadership, view, ops, ev):
+        written = await commit(self.store, self.keys, self.leadership, view, ops, ev)
+        if written is None:
             self._jobs.queue.add(view.spec.name)
+        else:
+            self._jobs.written(view.spec.name, written)

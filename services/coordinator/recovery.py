@@ -435,8 +435,12 @@ def _decided(
     plan = plan_commands(rec, event, layout)
     if plan.fail:
         return _fail_job(dataclasses.replace(rec, decision_reasons=event.reasons), now, timeouts, plan.fail)
-    # A forgotten (lost) node is no longer the job's: a later exit must not wait for its agent.
-    job_nodes = tuple(sorted((set(rec.job_nodes) | set(event.nodes)) - set(plan.forget)))
+    # Kept only for a dump (its trailing exit restarts them all): at 512 nodes the names are most
+    # of the record, which every agent decodes on every change. A forgotten (lost) node is no
+    # longer the job's: the exit must not wait for its agent.
+    job_nodes = (
+        tuple(sorted((set(rec.job_nodes) | set(event.nodes)) - set(plan.forget))) if event.strategy == "dump" else ()
+    )
     seq = rec.command_seq
     commands: list[Effect] = []
     for node, action, ranks in plan.commands:

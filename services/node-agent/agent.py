@@ -69,6 +69,7 @@ from recoverd.agent.settings import (
     AgentSettings,
 )
 from recoverd.agent.warm import WarmSpares
+from recoverd.agent.watched import WatchedKeys
 from recoverd.errors import (
     BadRecord,
     EtcdUnavailable,
@@ -78,7 +79,7 @@ from recoverd.errors import (
     Reason,
     RecoverdError,
 )
-from recoverd.jobview import JobView, ranks_running_elsewhere, read_job
+from recoverd.jobview import JobView, ranks_running_elsewhere, read_node_view
 from recoverd.keys import Keyspace, RunRef
 from recoverd.records import decode, encode, pb, ts_from_s
 from recoverd.resetjson import ResetState
@@ -144,12 +145,12 @@ class NodeAgent:
         self._launcher: RankRuntime | None = None
         self._warm: WarmSpares | None = None
         self._wake = asyncio.Event()
+        #: The keys this agent watches, as its watches last delivered them (its reconcile's reads).
+        self._watched = WatchedKeys(store)
         self._last_applied: tuple[int, int] = (0, 0)
         self._answered: set[tuple[int, str, int]] = set()
         self._exit_code: asyncio.Future[int] | None = None
         self._mirrored: ResetState | None = None
-        #: epoch -> why this node could not carry out that epoch's command (reported as code 1).
-        self._failed_commands: dict[int, str] = {}
         #: The ranks are left running on the way out: another agent took this node over (this one
         #: was presumed dead: they are that agent's now), or this agent's machinery broke (the next
         #: agent adopts them).
@@ -240,6 +241,7 @@ class NodeAgent:
         loop = asyncio.get_running_loop()
         self._exit_code = loop.create_future()
         self._launcher = self._runtime_factory(self._on_rank_exit, self._protected_pids)
+        self.membership.strategies = self._offered_strategies()
         self._warm = WarmSpares(
             self._launcher,
             self._spare_launch,
@@ -428,7 +430,7 @@ class NodeAgent:
         """Register again after the lease was lost. Meanwhile the node may have been declared lost
         and its ranks moved to a spare: those are stopped here first (they run elsewhere now), and
         only then is the node registered (and its writes accepted) again."""
-        view = await read_job(self.store, self.keys, self.settings.job)
+        view = await read_node_view(self.store, self.keys, self.settings.job, self.settings.node, self.table.slots)
         run = self.membership.run
         if view.run != run:
             log.error("agent %s: run %s is over (the job now has another run)", self.settings.node, run)
@@ -629,7 +631,8 @@ class NodeAgent:
     async def _wake_on(self, key: str, start: int) -> None:
         is_node_key = key == self.keys.node(self.membership.run, self.settings.node)  # type: ignore[arg-type]
         is_spec_key = key == self.keys.job_spec(self.settings.job)
-        async for _ in self.store.watch_key(key, start):
+        async for item in self.store.watch_key(key, start):
+            self._watched.apply(key, item)
             if is_node_key:
                 self._check_registration = True
             if is_spec_key:
@@ -658,11 +661,9 @@ class NodeAgent:
                 self._wake.set()
 
     async def _get(self, key: str, cls: type) -> object | None:
-        kv = await self.store.get(key)
-        if kv is None:
-            return None
+        """A watched key's current record, as the watch delivered it (None: absent or bad)."""
         try:
-            return decode(cls, kv.value, key)
+            return await self._watched.record(key, cls)
         except BadRecord as err:
             log.warning("agent %s: ignoring %s", self.settings.node, err)
             return None
@@ -687,6 +688,11 @@ class NodeAgent:
         # so the recovery read after it is at least as new (never "a command ahead of its recovery").
         found = await self._get(self.keys.command(run, self.settings.node), pb.Command)
         recovery = await self._get(self.keys.recovery(run), pb.Recovery)
+        if isinstance(found, pb.Command) and isinstance(recovery, pb.Recovery) and found.epoch > recovery.epoch:
+            # Both come from one transaction, but through two watches: the command's event may be
+            # here before the recovery's. Ask etcd before taking the command for a forged one.
+            self._watched.forget(self.keys.recovery(run))
+            recovery = await self._get(self.keys.recovery(run), pb.Recovery)
         if isinstance(recovery, pb.Recovery) and (recovery.epoch <= 0 or not recovery.uuid):
             recovery = None  # parses, but no recovery the coordinator wrote (e.g. `{}`): it rebuilds it
         command = found if isinstance(found, pb.Command) and self._is_current(found, recovery) else None
@@ -701,7 +707,7 @@ class NodeAgent:
             self._recovery_active = active
             self.detectors.recovery_changed(active)
         if isinstance(recovery, pb.Recovery):
-            await self._answer(recovery, command if isinstance(command, pb.Command) else None)
+            await self._answer(recovery)
 
     def _is_current(self, command: pb.Command, recovery: object) -> bool:
         """A command is carried out only while the recovery record it belongs to awaits it: the
@@ -746,7 +752,11 @@ class NodeAgent:
     async def _mirror_reset_json(self, recovery: pb.Recovery | None) -> None:
         run = self.membership.run
         assert self.settings.reset_json_mirror is not None and run is not None
-        history = await self._get(self.keys.history(run), pb.History)
+        kv = await self.store.get(self.keys.history(run))  # not watched: read when mirroring
+        try:
+            history = decode(pb.History, kv.value, kv.key) if kv is not None else None
+        except BadRecord:
+            history = None
         restarts = sum(1 for o in history.outcomes if o.strategy == "exit") if isinstance(history, pb.History) else 0
         state = resetfile.mirror_state(recovery, restarts, self._mirrored)
         if state is not self._mirrored:
@@ -756,19 +766,67 @@ class NodeAgent:
     # ---------------------------------------------------------------- commands
     async def _wait_released_elsewhere(self, ranks: Sequence[int]) -> str:
         """Before starting ranks moved here, wait until no other live node still runs them (the
-        faulty node releases them in parallel); "" when free, else why not (the move fails)."""
+        faulty node releases them in parallel); "" when free, else why not (the move fails).
+
+        It reads the live nodes' records (which ranks each holds) and only the rank tables of the
+        nodes that hold some of these ranks, then waits on a watch of exactly those keys: the cost
+        follows the nodes involved, not the job's size (docs/scale.md).
+        """
+        run = self.membership.run
+        assert run is not None
+        wanted = set(ranks)
         deadline = time.monotonic() + 2 * self.settings.stop_grace_s + 5.0
         while True:
-            view = await read_job(self.store, self.keys, self.settings.job)
-            busy = sorted(ranks_running_elsewhere(view, self.settings.node) & set(ranks))
+            busy, holders, revision = await self._running_elsewhere(run, wanted)
             if not busy:
                 return ""
-            if time.monotonic() >= deadline:
-                return f"ranks {busy} still run on another node"
-            await asyncio.sleep(0.02)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return f"ranks {sorted(busy)} still run on another node"
+            watched = [self.keys.ranks(run, n) for n in holders] + [self.keys.node(run, n) for n in holders]
+            changes = [asyncio.create_task(self._next_change(key, revision + 1)) for key in watched]
+            try:
+                await asyncio.wait(changes, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in changes:
+                    task.cancel()
+                await asyncio.gather(*changes, return_exceptions=True)
+
+    async def _running_elsewhere(self, run: RunRef, wanted: set[int]) -> tuple[set[int], list[str], int]:
+        """(ranks of ``wanted`` that another live node runs or starts, those nodes, the read revision)."""
+        records = await self.store.get_prefix(self.keys.nodes_prefix(run))
+        holders = []
+        for kv in records.kvs:
+            name = kv.key.rsplit("/", 1)[1]
+            try:
+                record = decode(pb.NodeRecord, kv.value, kv.key)
+            except BadRecord:
+                record = None  # unreadable: its table decides
+            if name != self.settings.node and (record is None or wanted & set(record.ranks)):
+                holders.append(name)
+        busy: set[int] = set()
+        for name in holders:
+            snap = await self.store.read(self.keys.ranks(run, name))
+            if not snap.kvs:
+                continue
+            try:
+                table = decode(pb.NodeRanks, snap.kvs[0].value, snap.kvs[0].key)
+            except BadRecord:
+                continue
+            busy |= {r.rank for r in table.ranks if r.state in (pb.RANK_RUNNING, pb.RANK_PENDING)} & wanted
+        return busy, holders, records.revision
+
+    async def _next_change(self, key: str, start: int) -> None:
+        async for _ in self.store.watch_key(key, start):
+            return
 
     async def _execute(self, command: pb.Command) -> None:
-        """Apply one command exactly once: (epoch, seq) above the last applied one."""
+        """Apply one command exactly once: (epoch, seq) above the last applied one. Its rank-table
+        changes are published once, with its ack (``Outbox.holding``)."""
+        with self.outbox.holding():
+            await self._carry_out(command)
+
+    async def _carry_out(self, command: pb.Command) -> None:
         run = self.membership.run
         assert run is not None
         action = command.action
@@ -815,13 +873,17 @@ class NodeAgent:
             all(s.state == pb.RANK_RUNNING for s in targets) or action in (pb.ACTION_STOP_ALL, pb.ACTION_RELEASE_RANKS)
         )
         if problem:
-            self._failed_commands[command.epoch] = problem
             log.error("agent %s: %s: %s", self.settings.node, pb.CommandAction.Name(action), problem)
         ack = pb.CommandAck(
             epoch=command.epoch,
             seq=command.seq,
             ok=ok,
-            detail=problem or f"{pb.CommandAction.Name(command.action)} ranks {[s.rank for s in targets]}",
+            detail=problem
+            or (
+                f"{pb.CommandAction.Name(command.action)} ranks {[s.rank for s in targets]}"
+                if ok
+                else f"ranks {[s.rank for s in targets if s.state != pb.RANK_RUNNING]} failed to restart"
+            ),
             done_at=ts_from_s(time.time()),
             pids=[s.proc.pid for s in targets if s.proc is not None] if action != pb.ACTION_RELEASE_RANKS else [],
         )
@@ -837,23 +899,33 @@ class NodeAgent:
                 node=self.settings.node,
             )
         )
-        # The rank table first: an agent that dies between the two must leave a table that matches
-        # the ack its successor reads (else it would adopt against the old pids).
-        await self.outbox.flush()
-        await self._fenced_put(self.keys.ack(run, self.settings.node), encode(ack))
+        # The rank table and the ack in one transaction: a successor reads an ack that matches the
+        # table (else it would adopt against the old pids), and the ack is this node's answer to
+        # the recovery (participants.agent_reports), so confirming a command is one write.
+        await self.outbox.flush(also=[Put(self.keys.ack(run, self.settings.node), encode(ack))])
         if self.membership.is_record_stale:
             await self.membership.register_again()
 
     # ---------------------------------------------------------------- answering
-    async def _answer(self, recovery: pb.Recovery, command: pb.Command | None) -> None:
+    def _offered_strategies(self) -> tuple[str, ...]:
+        """What this agent can carry out: `recover` only where its runtime can start any rank."""
+        assert self._launcher is not None
+        movable = self._launcher.starts_any_rank
+        return tuple(s for s in AGENT_STRATEGIES if movable or s != "recover")
+
+    async def _answer(self, recovery: pb.Recovery) -> None:
         """Answer the current phase for this node's ranks, once per (epoch, phase)."""
         run = self.membership.run
         assert run is not None
-        commanded = recovery.phase == pb.PHASE_RECOVERING and self.settings.node in recovery.command_nodes
         # Keyed by the recovery's uuid too: a rebuilt recovery record may repeat an epoch.
         answer = (recovery.epoch, recovery.uuid, recovery.phase)
-        if (self.participant not in recovery.participants and not commanded) or answer in self._answered:
-            return
+        phase = pb.Phase.Name(recovery.phase).removeprefix("PHASE_")
+        if (
+            self.participant not in recovery.participants
+            or not participants.agent_reports(phase, declared=bool(self.membership.strategies))
+            or answer in self._answered
+        ):
+            return  # nothing to say, or the coordinator answers for this node (its record, its ack)
         report = pb.Report(
             participant=self.participant,
             epoch=recovery.epoch,
@@ -868,23 +940,7 @@ class NodeAgent:
             report.kind = pb.REPORT_STOP_COMPLETE
         elif recovery.phase == pb.PHASE_GLOBAL_FAULT:
             report.kind = pb.REPORT_STRATEGIES
-            assert self._launcher is not None
-            movable = self._launcher.starts_any_rank
-            report.strategies.extend(s for s in AGENT_STRATEGIES if movable or s != "recover")
-        elif recovery.phase == pb.PHASE_RECOVERING:
-            if commanded and self._last_applied[0] < recovery.epoch:
-                # This node was sent a command in this epoch and has not applied it yet: it may not
-                # even have read it (the recovery record can be read before the command, or the
-                # command comes in a follow-up transaction). Answered after it is applied, never
-                # before: "done" before the restart would close the recovery with the rank dead.
-                return
-            mine = command is not None and command.epoch == recovery.epoch
-            report.kind = pb.REPORT_RECOVER_STATUS
-            report.strategy = recovery.strategy
-            failed = [s.rank for s in self.table if s.state == pb.RANK_FAILED]
-            problem = self._failed_commands.get(recovery.epoch, "") if mine else ""
-            report.code = 0 if not (mine and (failed or problem)) else 1
-            report.message = "" if report.code == 0 else problem or f"ranks {failed} failed to restart"
+            report.strategies.extend(self._offered_strategies())
         else:
             return
         kind = report_kind_name(report.kind)

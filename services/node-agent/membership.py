@@ -27,8 +27,8 @@ from recoverd import events
 from recoverd.agent.launcher import START_TIME_SLACK_S
 from recoverd.agent.ranktable import LIVE_STATES, RankTable
 from recoverd.agent.settings import AgentSettings
-from recoverd.errors import BadRecord, EtcdUnavailable, FenceLost, JobSpecMismatch, RecoverdError
-from recoverd.jobview import JobView, ranks_running_elsewhere, read_job
+from recoverd.errors import BadRecord, EtcdRefused, EtcdUnavailable, FenceLost, JobSpecMismatch, RecoverdError
+from recoverd.jobview import JobView, ranks_running_elsewhere, read_node_view
 from recoverd.keys import Keyspace, RunRef
 from recoverd.records import decode, encode, pb, ts_from_s, ts_to_s
 from recoverd.store import Absent, Compare, DeletePrefix, LeaseKeeper, ModRevisionAtMost, Op, Put, Store, ValueIs
@@ -56,6 +56,9 @@ class Membership:
         self.source = source
         #: A spare until a command gives it ranks (then it registers as a normal node).
         self.is_spare = settings.spare
+        #: What this node's agent can carry out, declared in its node record (the agent sets it once
+        #: its runtime exists): its answer to every GLOBAL_FAULT (participants.agent_reports).
+        self.strategies: tuple[str, ...] = ()
         self.spec: pb.JobSpec | None = None
         self.run: RunRef | None = None
         self.lease: LeaseKeeper | None = None
@@ -126,6 +129,7 @@ class Membership:
             ranks=ranks,
             registered_at=ts_from_s(time.time()),
             is_spare=self.is_spare,
+            strategies=self.strategies,
         )
 
     # ---------------------------------------------------------------- joining
@@ -135,12 +139,18 @@ class Membership:
         Returns the view of the live run joined, or None when this agent created a new run.
         """
         assert self.lease is not None
-        lease_id = self.lease.id
         job = self.settings.job
         node = self.settings.node
         spec_wait_until = time.monotonic() + 2 * self.settings.lease_ttl_s
         while True:
-            view = await read_job(self.store, self.keys, job)
+            if self.lease.lost.is_set():
+                # Joining took longer than the lease (an overloaded etcd): join under a fresh one,
+                # or the registration is refused ("lease not found") and the agent would give up.
+                log.warning("agent %s: its lease expired while joining; taking a new one", node)
+                await self.lease.aclose(revoke=False)
+                await self.open_lease()
+            lease_id = self.lease.id
+            view = await read_node_view(self.store, self.keys, job, node, self.table.slots)
             spec = view.spec
             if spec is None and view.spec_error:
                 # Never replace a run because its spec was clobbered: its live agents write it
@@ -181,7 +191,7 @@ class Membership:
                         Absent(self.keys.node(run, node)),
                         ModRevisionAtMost(self.keys.job_spec(job), view.revision),
                     ]
-                    if (await self.store.txn(compare, ops)).succeeded:
+                    if await self._join_txn(compare, ops):
                         self.spec, self.run, self.registration = spec, run, registration.value
                         self._drop_ranks_held_elsewhere(view)
                         log.info("node %s joined job %s (run %s)", node, job, run.uid)
@@ -215,10 +225,22 @@ class Membership:
                 ),
             ]
             compare = [ModRevisionAtMost(self.keys.job_prefix(job), view.revision, is_prefix=True)]
-            if (await self.store.txn(compare, ops)).succeeded:
+            if await self._join_txn(compare, ops):
                 self.spec, self.run, self.registration = new, run, registration.value
                 log.info("node %s created job %s (run %s)", node, job, run.uid)
                 return None
+
+    async def _join_txn(self, compare: list[Compare], ops: list[Op]) -> bool:
+        """The join's transaction; False (join again) when it failed its compare, or when etcd no
+        longer knows the lease (it expired while joining: the next attempt takes a new one)."""
+        assert self.lease is not None
+        try:
+            return (await self.store.txn(compare, ops)).succeeded
+        except EtcdRefused as err:
+            if "lease not found" not in err.detail:
+                raise
+            self.lease.lost.set()
+            return False
 
     def _register_op(self, run: RunRef, lease_id: int) -> Put:
         """The write of this node's record (remember its value once written: see fence())."""

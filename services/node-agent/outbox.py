@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 from recoverd import events
 from recoverd.errors import FenceLost, RecoverdError
@@ -58,6 +58,23 @@ class Outbox:
         self._faults: list[pb.Fault] = []
         self._events: list[Put] = []
         self._dirty = asyncio.Event()
+        #: While a command runs, rank-table changes wait for its one write (:meth:`holding`).
+        self._held = 0
+        #: A publish was skipped while held and no flush has covered it since.
+        self._skipped = False
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Rank-table changes made inside wait for the flush that ends it (a command's stops and
+        starts are published once, with its ack: one write per commanded node, docs/scale.md).
+        Faults are never held: one pending publishes everything at once."""
+        self._held += 1
+        try:
+            yield
+        finally:
+            self._held -= 1
+            if not self._held and self._skipped:
+                self._dirty.set()  # a change after the last flush: publish it now
 
     def mark_dirty(self) -> None:
         """The rank table changed: publish it."""
@@ -81,14 +98,17 @@ class Outbox:
     def pending_faults(self) -> list[pb.Fault]:
         return list(self._faults)
 
-    async def flush(self) -> None:
+    async def flush(self, also: Sequence[Op] = ()) -> None:
         """Write the rank table, then the pending faults and events, in as few transactions as fit.
 
+        ``also``: writes that must commit together with the rank table (a command's ack: the table
+        then matches the ack a restarted agent reads, and a node confirms a command in one write).
         Each transaction's faults and events leave the queue once it committed, so a flush cut short
         by an outage resumes where it stopped and never writes a consumed fault again.
         """
         assert self.run is not None
-        ops: list[Op] = [Put(self.keys.ranks(self.run, self.node), encode(self._rank_table()))]
+        self._skipped = False  # the table as of now is written: what was skipped is covered
+        ops: list[Op] = [Put(self.keys.ranks(self.run, self.node), encode(self._rank_table())), *also]
         while True:
             faults = self._faults[: (TXN_OPS - len(ops)) // 2]
             for fault in faults:
@@ -120,6 +140,9 @@ class Outbox:
         while True:
             await self._dirty.wait()
             self._dirty.clear()
+            if self._held and not self._faults:
+                self._skipped = True
+                continue  # a command is running: its flush writes the table (and the events) once
             try:
                 await self.flush()
                 delay = self._retry_s

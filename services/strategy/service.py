@@ -20,7 +20,7 @@ from recoverd.aiotools import leaf_errors, supervised_group
 from recoverd.controller import JobController
 from recoverd.errors import RecoverdError
 from recoverd.jobview import idle_spares, node_of_rank, read_job
-from recoverd.keys import Keyspace
+from recoverd.keys import Keyspace, RunRef
 from recoverd.records import encode, pb, ts_from_s, ts_to_s
 from recoverd.store import Absent, Put, Store
 from recoverd.strategy.selector import Outcome, PolicyView, Request, choose
@@ -80,12 +80,14 @@ class StrategyService:
         self.store = store
         self.keys = keys
         self.identity = f"strategy@{socket.gethostname()}:{os.getpid()}"
+        self._jobs: JobController | None = None
 
     async def run(self, retry_s: float = 0.5) -> None:
         """Serve until cancelled; losing etcd restarts the watch and worker after ``retry_s``."""
         while True:
             try:
-                jobs = JobController(self.store, self.keys, self.reconcile, name="strategy")
+                jobs = JobController(self.store, self.keys, self.reconcile, name="strategy", cached=True)
+                self._jobs = jobs
                 async with supervised_group() as group:
                     start = await jobs.enqueue_all()
                     group.create_task(jobs.watch(start + 1), name="strategy-watch")
@@ -100,8 +102,25 @@ class StrategyService:
                 jobs.close()
             await asyncio.sleep(retry_s)
 
+    def _nothing_to_decide(self, job: str) -> bool:
+        """A cheap look at the job's recovery record: most passes (every rank-table write of a
+        512-node job wakes the selector) end here without building the job's view."""
+        cache = self._jobs.cache if self._jobs is not None else None
+        if cache is None:
+            return False
+        spec = cache.peek(job, self.keys.job_spec(job), pb.JobSpec)
+        if spec is None:
+            return False  # absent or bad: the view says which
+        run = RunRef(job, spec.uid)
+        recovery = cache.peek(job, self.keys.recovery(run), pb.Recovery)
+        if recovery is None:
+            return not cache.has(job, self.keys.recovery(run))  # a bad record: the view handles it
+        return recovery.phase != pb.PHASE_DECIDING or cache.has(job, self.keys.decision(run, recovery.epoch))
+
     async def reconcile(self, job: str) -> None:
-        view = await read_job(self.store, self.keys, job)
+        if self._nothing_to_decide(job):
+            return
+        view = await self._jobs.view(job) if self._jobs is not None else await read_job(self.store, self.keys, job)
         if view.spec is None or view.run is None or view.recovery is None:
             return
         recovery = view.recovery

@@ -21,6 +21,11 @@ from .cluster import Cluster
 pytestmark = pytest.mark.etcd
 
 
+# The agents of these tests run with a 6 s lease: a restarted agent takes its node back only within
+# its predecessor's lease, and on a loaded test machine (two test processes, torch jobs beside)
+# Python's start-up alone can take 2-3 s; with the default 2 s the node would be declared lost and
+# these tests would test node loss instead of re-adoption.
+
 def _rank_processes(job: str) -> dict[int, list[int]]:
     """Every live process on this machine that is a rank of ``job``, by RANK."""
     found: dict[int, list[int]] = {}
@@ -73,14 +78,14 @@ def test_agent_sigkill_and_restart_adopts_its_ranks(cluster: Cluster) -> None:
     job = "job-readopt"
     cluster.coordinator()
     cluster.strategy()
-    cluster.agent(job, strategies="recover-in-place,exit", extra=["--agent-lease-ttl", "3"])
+    cluster.agent(job, strategies="recover-in-place,exit", extra=["--agent-lease-ttl", "6"])
     before = cluster.wait_running(job, 4)
     pids = {rank: status.pid for rank, status in before.items()}
 
     cluster.kill("agent-node0")
     assert _rank_processes(job) == {rank: [pid] for rank, pid in pids.items()}, "ranks must outlive the agent"
 
-    cluster.agent(job, strategies="recover-in-place,exit", extra=["--agent-lease-ttl", "3"])
+    cluster.agent(job, strategies="recover-in-place,exit", extra=["--agent-lease-ttl", "6"])
     cluster.wait_for("the new agent to adopt the ranks", lambda: _events(cluster, job, "ranks_adopted"))
     after = cluster.wait_running(job, 4)
     assert {rank: status.pid for rank, status in after.items()} == pids
@@ -107,12 +112,12 @@ def test_a_rank_that_died_while_the_agent_was_away_is_a_fault(cluster: Cluster) 
     job = "job-readopt-died"
     cluster.coordinator()
     cluster.strategy()
-    cluster.agent(job, strategies="recover-in-place,exit", extra=["--agent-lease-ttl", "3"])
+    cluster.agent(job, strategies="recover-in-place,exit", extra=["--agent-lease-ttl", "6"])
     before = cluster.wait_running(job, 4)
 
     cluster.kill("agent-node0")
     os.kill(before[3].pid, signal.SIGKILL)  # nobody watches it now
-    cluster.agent(job, strategies="recover-in-place,exit", extra=["--agent-lease-ttl", "3"])
+    cluster.agent(job, strategies="recover-in-place,exit", extra=["--agent-lease-ttl", "6"])
 
     after = cluster.wait_for(
         "rank 3 restarted in place",
@@ -132,7 +137,7 @@ def test_a_rank_that_died_while_the_agent_was_away_is_a_fault(cluster: Cluster) 
 def test_a_live_agent_is_not_taken_over(cluster: Cluster) -> None:
     job = "job-readopt-live"
     cluster.coordinator()
-    cluster.agent(job, extra=["--agent-lease-ttl", "3"])
+    cluster.agent(job, extra=["--agent-lease-ttl", "6"])
     cluster.wait_running(job, 4)
     second = cluster.spawn(
         "agent-dup",
@@ -153,7 +158,7 @@ def test_a_superseded_agent_that_returns_stops_nothing_and_writes_nothing(cluste
     job = "job-readopt-zombie"
     cluster.coordinator()
     cluster.strategy()
-    cluster.agent(job, strategies="recover-in-place,exit", extra=["--agent-lease-ttl", "3"])
+    cluster.agent(job, strategies="recover-in-place,exit", extra=["--agent-lease-ttl", "6"])
     before = cluster.wait_running(job, 4)
     old = cluster.procs["agent-node0"]
     old.send_signal(signal.SIGSTOP)
@@ -162,7 +167,7 @@ def test_a_superseded_agent_that_returns_stops_nothing_and_writes_nothing(cluste
         # so the operator's restart here is of a *dead* agent: model that with the frozen one's
         # registration taken over after its lease expired.
         cluster.wait_for("the old lease to expire", lambda: "node0" not in cluster.view(job).nodes, timeout=30)
-        new = cluster.agent(job, strategies="recover-in-place,exit", extra=["--agent-lease-ttl", "3"])
+        new = cluster.agent(job, strategies="recover-in-place,exit", extra=["--agent-lease-ttl", "6"])
         cluster.procs["agent-old"] = old
         cluster.wait_for("the new agent to register", lambda: "node0" in cluster.view(job).nodes, timeout=30)
     finally:
@@ -229,7 +234,7 @@ def test_two_nodes_agent_restart_mid_recovery(cluster: Cluster) -> None:
     job = "job-readopt-two"
     cluster.coordinator()
     cluster.strategy()
-    common = {"strategies": "recover-in-place,exit", "nproc": 2, "nnodes": 2, "extra": ["--agent-lease-ttl", "3"]}
+    common = {"strategies": "recover-in-place,exit", "nproc": 2, "nnodes": 2, "extra": ["--agent-lease-ttl", "6"]}
     cluster.agent(job, "node0", node_rank=0, **common)  # type: ignore[arg-type]
     cluster.agent(job, "node1", node_rank=1, **common)  # type: ignore[arg-type]
     before = cluster.wait_running(job, 4)

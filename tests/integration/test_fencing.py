@@ -78,9 +78,13 @@ async def test_a_deposed_coordinator_cannot_write(etcd_endpoint: str, key_prefix
             # A zombie that still believes it leads tries to act on a new fault: rejected.
             run = await _seed_job(store, keys, "fenced")
             zombie.leadership.value = stale_value
+            await zombie._jobs.enqueue_all()  # its job cache as its watch would have it: up to date
             with pytest.raises(FenceLost):
                 await zombie.reconcile("fenced")
-            # The successor, holding the key, is the one whose writes land.
+            # The successor, holding the key, is the one whose writes land (once its watch has
+            # brought it the job).
+            assert successor._jobs.cache is not None
+            await asyncio.wait_for(successor._jobs.cache.reached(await store.revision()), 5)
             await successor.reconcile("fenced")
             recovery = await store.get(keys.recovery(run))
             assert recovery is not None

@@ -83,11 +83,17 @@ def fault(job: Job, rank: int, fault_id: str | None = None) -> tuple[str, bytes]
 
 
 async def drain(coordinator: Coordinator, job: str, max_passes: int = 50) -> int:
-    """Run passes until the job is no longer queued (a pass requeues it when work is left)."""
+    """Run passes until the job is no longer queued (a pass requeues it when work is left).
+
+    No watch runs here: before each pass the coordinator's job cache is filled from etcd, as its
+    watch would have by then (the pass then views exactly what is stored).
+    """
     queue = coordinator._jobs.queue
     for done in range(1, max_passes + 1):
+        await coordinator._jobs.enqueue_all()  # loads the cache (and queues every job: cleared below)
         queue._queued.discard(job)
         queue._queue.clear()
+        queue._queued.clear()
         await coordinator.reconcile(job)
         if job not in queue._queued:
             return done

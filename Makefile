@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 ## etcd, so two workers halve the wall time even on two cores. PYTEST_WORKERS=0 runs them in one.
 PYTEST_WORKERS ?= 2
 
-.PHONY: all venv torch demo-torch bench bench-hangs bench-node-loss proto demo test test-unit chaos lint format typecheck clean fresh-clone-test msrun-venv test-msrun
+.PHONY: all venv torch demo-torch bench bench-hangs bench-node-loss bench-scale proto demo test test-unit chaos lint format typecheck clean fresh-clone-test msrun-venv test-msrun
 
 all: test
 
@@ -66,6 +66,14 @@ bench-node-loss: $(STAMP)
 ## Lint, type-check, then every test (unit and end-to-end against a throwaway etcd).
 test: $(STAMP) $(TORCH_STAMP) lint typecheck
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+
+## One recovery at 64..1,024 simulated nodes (the real agent code, in-memory ranks) against a real etcd:
+## rank kill, node loss, exit; 20 jobs on one control plane; 64 real agents (~30 min; docs/scale.md).
+## SCALE_ARGS="--sizes 64x8,512x8 --trials 5 --concurrent 0 --real 0" for a part.
+SCALE_ARGS ?=
+bench-scale: $(STAMP)
+	$(PY) -m pip install --quiet -r requirements-bench.txt
+	$(PY) bench/scale.py $(SCALE_ARGS)
 
 ## Every chaos scenario, repeated (~15 min): control-plane kills, etcd restarts, mass rank kills,
 ## bad input, agent restarts and partitions; writes tests/chaos/results/ (docs/reliability.md).

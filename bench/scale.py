@@ -706,7 +706,12 @@ def main() -> int:
     parser.add_argument(
         "--per-host", type=int, default=128, help="simulated nodes per OS process (default %(default)s)"
     )
-    parser.add_argument("--lease-ttl", type=float, default=2.0, help="the agents' lease TTL, s (default %(default)s)")
+    parser.add_argument(
+        "--lease-ttl",
+        type=float,
+        default=5.0,
+        help="the simulated agents' lease TTL, s (default %(default)s: docs/scale.md says why not 2)",
+    )
     parser.add_argument("--etcd", default=None, help="use this etcd instead of a fresh embedded one per size")
     parser.add_argument("--fast-etcd", action="store_true", help="embedded etcd without fsync (tests' settings)")
     parser.add_argument("--out", default=str(RESULTS / "scale.json"), help="results file (merged by size)")

@@ -7,8 +7,9 @@ the next pass. The inputs are derived from the read (``observe.py``) one kind at
 against the recovery as the previous ones left it (a fault that restarts the round makes the
 reports of the old epoch stale), in this order:
 
-1. the pending faults (oldest first, a bounded number; each key consumed, real or not);
-2. the faults of lost nodes (a lease expired while its ranks ran);
+1. the pending faults (oldest first, a bounded number; each key consumed, real or not) and the
+   faults of lost nodes (a lease expired while its ranks ran), all merged as one input (one round);
+2. (the stacks of hung ranks, kept in events);
 3. the live participants; a commanded node that is gone;
 4. the reports for the current epoch (a bounded number of stale ones recorded and consumed), then
    the answers no agent writes (``observe.implied_answers``: uninvolved agents, declared
@@ -176,8 +177,6 @@ class Fold:
     def fold_inputs(self) -> None:
         """Derive the inputs in the module docstring's order and fold each through ``step``."""
         self._faults()
-        for lost in lost_node_faults(self.view, self.now):
-            self.apply(FaultReported(lost, self._live()))
         self._liveness()
         self._reports()
         self._implied_answers()
@@ -229,15 +228,24 @@ class Fold:
         cap = self.settings.faults_per_pass
         self.more = self.more or len(faults) > cap
         generations = rank_generations(self.view)
+        merged: list[FaultInfo] = []
+        stacks: list[tuple[pb.Fault, FaultInfo]] = []
         for key, fault in faults[:cap]:
             self.ops.append(Delete(key))
             screened = screen_fault(fault, self.view, generations)
             if isinstance(screened, Rejection):
                 self.note(screened.reason, screened.detail, rank=screened.rank, node=screened.node)
                 continue
-            self.apply(FaultReported(screened, self._live()))
+            merged.append(screened)
             if fault.stacks:
-                self._keep_stacks(fault, screened)
+                stacks.append((fault, screened))
+        # A node whose lease expired while its ranks ran: each of its running ranks is a fault.
+        merged += lost_node_faults(self.view, self.now)
+        if merged:
+            # All of this read's faults at once: one round for them, not one per fault.
+            self.apply(FaultReported(merged[0], self._live(), more=tuple(merged[1:])))
+        for fault, screened in stacks:
+            self._keep_stacks(fault, screened)
 
     def _keep_stacks(self, fault: pb.Fault, info: FaultInfo) -> None:
         """The fault key is consumed and the recovery record keeps no stacks: they are kept once,

@@ -28,10 +28,16 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class FaultReported:
-    """A detector recorded a fault (agent: a rank exited; client: report_process_fault)."""
+    """A detector recorded a fault (agent: a rank exited; client: report_process_fault).
+
+    ``more``: other faults read in the same pass, merged with this one as one (a node lost at 512
+    nodes is 8 faults; 100 lost leases are 800): one round, one epoch and one stopTrain for all of
+    them, not one per fault.
+    """
 
     fault: FaultInfo
     participants: frozenset[str] = frozenset()
+    more: tuple[FaultInfo, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

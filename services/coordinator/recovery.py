@@ -193,39 +193,66 @@ def _enter(rec: Recovery, phase: Phase, now: float, timeouts: Timeouts, **change
     return dataclasses.replace(new, phase_log=(*rec.phase_log, (phase, now, epoch)))
 
 
+def _news(rec: Recovery, event: FaultReported) -> tuple[FaultInfo, ...]:
+    """The event's faults that ``rec`` does not hold yet (each id once)."""
+    known = {f.fault_id for f in rec.faults}
+    out: list[FaultInfo] = []
+    for fault in (event.fault, *event.more):
+        if fault.fault_id not in known:
+            known.add(fault.fault_id)
+            out.append(fault)
+    return tuple(out)
+
+
+def _merged_message(rec: Recovery, faults: tuple[FaultInfo, ...]) -> str:
+    if len(faults) == 1:
+        return f"fault of rank {faults[0].rank} on {faults[0].node} merged into recovery {rec.recovery_id}"
+    nodes = sorted({f.node for f in faults})
+    return (
+        f"{len(faults)} faults (ranks {sorted({f.rank for f in faults})} on {', '.join(nodes[:8])}"
+        f"{', ...' if len(nodes) > 8 else ''}) merged into recovery {rec.recovery_id}"
+    )
+
+
 def _open(rec: Recovery, event: FaultReported, now: float, timeouts: Timeouts) -> tuple[Recovery, list[Effect]]:
-    """A fault with no recovery in progress opens one (new recovery id, new epoch).
+    """A fault with no recovery in progress opens one (new recovery id, new epoch); the faults read
+    with it are collected into it at once.
 
     A fault already handled by the last recovery (a replayed key) opens nothing.
     """
-    if any(f.fault_id == event.fault.fault_id for f in rec.faults):
+    news = _news(rec, event)
+    if not news:
         return rec, []
     new = Recovery(
         epoch=rec.epoch + 1,
         recovery_id=rec.recovery_id + 1,
         opened_at=now,
-        faults=(event.fault,),
+        faults=news,
         participants=event.participants or rec.participants,
         command_seq=rec.command_seq,
         isolated=rec.isolated,
     )
     new = _enter(new, Phase.COLLECTING, now, timeouts)
-    f = event.fault
-    return new, [
+    f = news[0]
+    effects: list[Effect] = [
         EmitEvent(
             "recovery_opened",
             f"recovery {new.recovery_id} opened (epoch {new.epoch}) by a fault of rank {f.rank} on {f.node}"
             f" ({f.source}{', ' + f.detail if f.detail else ''})",
         )
     ]
+    if len(news) > 1:
+        effects.append(EmitEvent("fault_merged", _merged_message(new, news[1:])))
+    return new, effects
 
 
 def _merge_fault(rec: Recovery, event: FaultReported, now: float, timeouts: Timeouts) -> tuple[Recovery, list[Effect]]:
-    """Merge a fault into the recovery in progress; after COLLECTING it restarts the round."""
-    if any(f.fault_id == event.fault.fault_id for f in rec.faults):
+    """Merge faults into the recovery in progress; after COLLECTING they restart the round (once)."""
+    news = _news(rec, event)
+    if not news:
         return rec, []
-    faults = (*rec.faults, event.fault)
-    message = f"fault of rank {event.fault.rank} on {event.fault.node} merged into recovery {rec.recovery_id}"
+    faults = (*rec.faults, *news)
+    message = _merged_message(rec, news)
     if rec.phase is Phase.COLLECTING:
         return dataclasses.replace(rec, faults=faults), [EmitEvent("fault_merged", message)]
     new = _enter(

@@ -60,8 +60,10 @@ class Outbox:
         self._dirty = asyncio.Event()
         #: While a command runs, rank-table changes wait for its one write (:meth:`holding`).
         self._held = 0
-        #: A publish was skipped while held and no flush has covered it since.
-        self._skipped = False
+        #: Changes counted (table, faults, events) and the count the last flush started from: a
+        #: wake-up with nothing newer than the last flush writes nothing.
+        self._changes = 0
+        self._flushed = 0
 
     @contextlib.contextmanager
     def holding(self) -> Iterator[None]:
@@ -73,20 +75,21 @@ class Outbox:
             yield
         finally:
             self._held -= 1
-            if not self._held and self._skipped:
+            if not self._held and self._changes > self._flushed:
                 self._dirty.set()  # a change after the last flush: publish it now
 
     def mark_dirty(self) -> None:
         """The rank table changed: publish it."""
+        self._changes += 1
         self._dirty.set()
 
     def add_fault(self, fault: pb.Fault) -> None:
         self._faults.append(fault)
-        self._dirty.set()
+        self.mark_dirty()
 
     def add_event(self, put: Put) -> None:
         self._events.append(put)
-        self._dirty.set()
+        self.mark_dirty()
 
     def note(self, reason: str, message: str) -> None:
         """Log a warning and record it as an event of this node."""
@@ -107,7 +110,18 @@ class Outbox:
         by an outage resumes where it stopped and never writes a consumed fault again.
         """
         assert self.run is not None
-        self._skipped = False  # the table as of now is written: what was skipped is covered
+        # The table as of now is what this flush writes: every change counted so far is covered (a
+        # change after this point counts again). If the flush fails, nothing counts as flushed.
+        changes = self._changes
+        try:
+            await self._flush(also)
+        except BaseException:
+            self._dirty.set()
+            raise
+        self._flushed = max(self._flushed, changes)
+
+    async def _flush(self, also: Sequence[Op]) -> None:
+        assert self.run is not None
         ops: list[Op] = [Put(self.keys.ranks(self.run, self.node), encode(self._rank_table())), *also]
         while True:
             faults = self._faults[: (TXN_OPS - len(ops)) // 2]
@@ -140,8 +154,9 @@ class Outbox:
         while True:
             await self._dirty.wait()
             self._dirty.clear()
+            if self._changes <= self._flushed:
+                continue  # a flush since (a command's, with its ack) wrote it all
             if self._held and not self._faults:
-                self._skipped = True
                 continue  # a command is running: its flush writes the table (and the events) once
             try:
                 await self.flush()

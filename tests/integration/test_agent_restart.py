@@ -26,6 +26,7 @@ pytestmark = pytest.mark.etcd
 # Python's start-up alone can take 2-3 s; with the default 2 s the node would be declared lost and
 # these tests would test node loss instead of re-adoption.
 
+
 def _rank_processes(job: str) -> dict[int, list[int]]:
     """Every live process on this machine that is a rank of ``job``, by RANK."""
     found: dict[int, list[int]] = {}

@@ -1542,3 +1542,23 @@ def test_exit_takes_isolated_ranks_back_where_their_agent_lives() -> None:
     assert commands_of(effects) == [("n0", "RESTART_ALL", ()), ("n1", "RESTART_ALL", (2, 3))]
     # n2 is gone: its rank stays isolated until a spare takes it.
     assert rec.isolated == ((5, "n2"),)
+
+
+def test_faults_read_together_restart_the_round_once() -> None:
+    """A lost node is 8 faults, a lease storm hundreds: one new round for all of them, not one per
+    fault (each round is an epoch, a stopTrain signal listing every fault rank, and a record write)."""
+    rec = Recovery(
+        phase=Phase.RECOVERING, epoch=5, recovery_id=2, faults=(fault("f0", 0, "n0"),), strategy="exit",
+        participants=frozenset({"agents"}),
+    )  # fmt: skip
+    lost = tuple(fault(f"lost.n1.r{r}", r, "n1") for r in range(8))
+    new, effects = step(rec, FaultReported(lost[0], more=(*lost[1:], lost[0])), now=50.0)
+    assert (new.phase, new.epoch) == (Phase.STOPPING, 6)
+    assert [f.fault_id for f in new.faults] == ["f0", *(f.fault_id for f in lost)]
+    assert [e for e in effects if isinstance(e, PublishSignal)] == [
+        PublishSignal("stopTrain", ("stop_train",), tuple((r, "1") for r in range(8)))
+    ]
+    assert sum(isinstance(e, RecordOutcome) for e in effects) == 1
+    # Opening a recovery with several faults collects them all, in the same epoch.
+    opened, _ = step(Recovery(epoch=6), FaultReported(lost[0], more=lost[1:]), now=60.0)
+    assert (opened.phase, opened.epoch, len(opened.faults)) == (Phase.COLLECTING, 7, 8)

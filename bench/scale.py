@@ -65,6 +65,8 @@ from recoverd.store import Resync, Store
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 STRATEGIES = "recover-in-place,recover,exit"
+#: A bench kills ranks over and over: budgets that never run out (the default allows 3 exits in 10 min).
+BUDGETS = "budgets: {exit: {max: 1000, window_s: 600}, recover-in-place: {max: 1000, window_s: 600}}\n"
 METHODS = ("Range", "Put", "Txn", "DeleteRange")
 
 
@@ -411,6 +413,7 @@ async def run_size(args: argparse.Namespace, nodes: int, nproc: int) -> dict[str
             run = await fleet.start(store)
             startup_s = time.monotonic() - started
             print(f"{nodes}x{nproc}: {nodes * nproc} ranks running in {startup_s:.1f}s", flush=True)
+            await set_policy(store, Keyspace(plane.prefix), job, parse_policy(f"strategies: [{STRATEGIES}]\n{BUDGETS}"))
             await asyncio.sleep(2.0)
             lost: set[int] = set()
             for trial in range(args.trials):
@@ -434,7 +437,7 @@ async def run_size(args: argparse.Namespace, nodes: int, nproc: int) -> dict[str
                     rows.append(row)
                     show(nodes, nproc, trial, row)
             if "exit" in args.scenarios:
-                await set_policy(store, Keyspace(plane.prefix), job, parse_policy("strategies: [exit]\n"))
+                await set_policy(store, Keyspace(plane.prefix), job, parse_policy(f"strategies: [exit]\n{BUDGETS}"))
                 await asyncio.sleep(1.0)
                 for trial in range(args.trials):
                     index = rng.choice([i for i in range(nodes) if i not in lost])

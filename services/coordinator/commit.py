@@ -37,7 +37,8 @@ async def commit(
 ) -> int | None:
     """Apply one pass's writes (``ops`` under ``jobs/``, events ``ev``) as above.
 
-    Returns the revision of the last write under ``jobs/`` (the next pass must see it), or None when
+    Returns the revision of the last write under ``jobs/`` (the next pass must see it; 0 when it
+    wrote only events), or None when
     the job changed underneath, before or between the fenced transactions: the caller runs the pass
     again. Raises FenceLost when a write was refused because this coordinator no longer holds the
     leader key.
@@ -56,7 +57,9 @@ async def commit(
     if not result.succeeded:
         await leadership.check()
         return None  # the job changed under us: drop this pass and run it again on a fresh read
-    written = result.revision
+    # Only a write under jobs/ comes back through the coordinator's watch (events do not): a pass
+    # that wrote nothing there has nothing for the next view to wait for.
+    written = result.revision if ops else 0
     # What did not fit: the rest of this pass's puts, fenced by the leader key and by the
     # recovery record still being the one just written (a later pass owns it otherwise).
     follow: list[Compare] = [leadership.fence(), ModRevisionAtMost(keys.recovery(run), result.revision)]

@@ -67,6 +67,12 @@ def effect_ops(
     if view.history is not None:
         history.CopyFrom(view.history)
     history_changed = False
+    commands = [e for e in effects if isinstance(e, SendCommand)]
+    # An exit commands every node: one event says so, not one per node (512 of them would push the
+    # run's other events out of its 1,000-event cap, and cost the pass their encoding).
+    summarize = len(commands) > COMMAND_EVENTS_PER_PASS
+    if summarize:
+        _note_commands(commands, rec, note)
     for effect in effects:
         if isinstance(effect, EmitEvent):
             note(effect.reason, effect.message, epoch=rec.epoch, phase=rec.phase.value)
@@ -75,6 +81,8 @@ def effect_ops(
             ops.append(Put(keys.signal(run, signal_seq), encode(_signal(effect, signal_seq, rec, uuid, now))))
         elif isinstance(effect, SendCommand):
             ops.append(Put(keys.command(run, effect.node), encode(_command(effect, rec, now))))
+            if summarize:
+                continue
             note(
                 "command_sent",
                 f"{effect.action} {list(effect.ranks) or 'all'} to {effect.node} (epoch {rec.epoch}, seq {effect.seq})",
@@ -96,6 +104,27 @@ def effect_ops(
     for key in view.signals[: max(0, excess)]:
         ops.append(Delete(key))
     return ops
+
+
+#: Commands of one pass noted one event each; more are summarized in one event per action.
+COMMAND_EVENTS_PER_PASS = 8
+
+
+def _note_commands(commands: list[SendCommand], rec: Recovery, note: Note) -> None:
+    by_action: dict[str, list[SendCommand]] = {}
+    for command in commands:
+        by_action.setdefault(command.action, []).append(command)
+    for action, group in by_action.items():
+        nodes = [c.node for c in group]
+        shown = ", ".join(nodes[:4]) + (f", ... {nodes[-1]}" if len(nodes) > 4 else "")
+        ranks = sorted({r for c in group for r in c.ranks})
+        seqs = sorted(c.seq for c in group)
+        note(
+            "command_sent",
+            f"{action} {ranks or 'all'} to {len(nodes)} nodes ({shown}) (epoch {rec.epoch}, seq {seqs[0]}-{seqs[-1]})",
+            epoch=rec.epoch,
+            data={"nodes": ",".join(nodes)[:65536]},
+        )
 
 
 def job_removal_ops(keys: Keyspace, job: str) -> list[Op]:

@@ -27,7 +27,6 @@ what it holds. ``now`` is given; the clock is read only to mint a uuid.
 
 from __future__ import annotations
 
-import dataclasses
 import secrets
 import time
 
@@ -203,7 +202,7 @@ class Fold:
             self.uuid = mint_uuid()
             # Answers to an older epoch are consumed now, so a late one is recognisably stale.
             self.ops.append(DeletePrefix(self.keys.reports_prefix(self.run)))
-        if (rec != before and not self._only_answers_grew()) or self.is_rebuilt:
+        if rec != before or self.is_rebuilt:
             self.ops.append(Put(self.keys.recovery(self.run), encode(recovery_to_pb(rec, self.uuid))))
             if rec.phase is not before.phase:
                 self.note("phase", f"{before.phase} -> {rec.phase}", epoch=rec.epoch, phase=rec.phase.value)
@@ -219,21 +218,6 @@ class Fold:
                 note=self.note,
                 settings=self.settings,
             )
-        )
-
-    def _only_answers_grew(self) -> bool:
-        """The pass only counted answers and the phase goes on waiting: the record is not written.
-
-        Every answer is still in etcd (the reports of this epoch, the commanded nodes' acks) or is
-        the coordinator's own (``implied_answers``), so the next pass, or a new leader, counts them
-        again; writing the record for each of 512 acks of an `exit` would wake all 512 agents each
-        time, for nothing they act on (docs/adr/0029).
-        """
-        rec, before = self.rec, self.before
-        return (
-            not self.effects
-            and rec.reported > before.reported
-            and dataclasses.replace(rec, reported=before.reported) == before
         )
 
     # ---------------------------------------------------------------- the steps of fold_inputs

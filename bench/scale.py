@@ -54,6 +54,9 @@ from typing import Any
 
 import psutil
 
+# bench/ is the script's directory: the node-loss bench's helpers are shared, not copied.
+from node_loss import first_delete, pct
+
 from recoverd.agent.simulated import node_name
 from recoverd.cli.ctl import set_policy
 from recoverd.etcd_server import EmbeddedEtcd
@@ -68,12 +71,6 @@ STRATEGIES = "recover-in-place,recover,exit"
 #: A bench kills ranks over and over: budgets that never run out (the default allows 3 exits in 10 min).
 BUDGETS = "budgets: {exit: {max: 1000, window_s: 600}, recover-in-place: {max: 1000, window_s: 600}}\n"
 METHODS = ("Range", "Put", "Txn", "DeleteRange")
-
-
-def pct(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (nearest rank), as the other benches report them."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))] if ordered else math.nan
 
 
 # ---------------------------------------------------------------------- measuring etcd and CPU
@@ -307,16 +304,6 @@ async def recovery_after(store: Store, key: str, start: int, after_id: int, time
             rec = decode(pb.Recovery, kv.value, key)
             if rec.recovery_id > after_id and rec.phase in (pb.PHASE_DONE, pb.PHASE_FAILED):
                 return rec
-    raise AssertionError("unreachable")
-
-
-async def first_delete(store: Store, key: str, start: int) -> float:
-    async for item in store.watch_key(key, start):
-        if isinstance(item, Resync):
-            if await store.get(key) is None:
-                return time.time()
-        elif item.is_delete:
-            return time.time()
     raise AssertionError("unreachable")
 
 

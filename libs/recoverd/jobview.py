@@ -151,7 +151,7 @@ async def read_node_view(store: Store, keys: Keyspace, job: str, node: str, rank
 
     The spec, the run's status, recovery and node records, this node's rank table, and the rank
     tables of the live nodes whose records hold any of this node's ranks (``ranks``, the ones it
-    means to run, and the ones its table holds): not every node's table, so
+    means to run, and the ones its table holds) or that are spares: not every node's table, so
     that 512 agents joining at once read ~512 small records each, not the whole job (docs/scale.md).
     The view is a partial one, at the revision of the first read; every other read is pinned to it.
     """
@@ -172,7 +172,9 @@ async def read_node_view(store: Store, keys: Keyspace, job: str, node: str, rank
             mine = build_view(keys, job, kvs, revision)
             own = set(ranks) | ({r.rank for r in mine.ranks[node].ranks} if node in mine.ranks else set())
             for other, record in mine.nodes.items():
-                if other != node and own & set(record.ranks):
+                # A spare's record names no ranks until it registers again after starting some:
+                # its table, written with its ack before that, is read too.
+                if other != node and (own & set(record.ranks) or record.is_spare or record.node_rank < 0):
                     kvs += (await store.read(keys.ranks(run, other), revision=revision)).kvs
         except ReadCompacted:
             continue  # compacted between the reads: read it all again at a fresh revision

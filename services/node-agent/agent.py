@@ -737,15 +737,17 @@ class NodeAgent:
     async def _keep_registration(self) -> None:
         """This node's key changed: if it is not our record any more (deleted, clobbered), write it
         again; if another agent holds the node now, this one is superseded."""
+        lease = self.membership.lease
+        if self.membership.rejoining or lease is None or lease.lost.is_set():
+            return  # its lease expired: keep_registered rejoins, stopping what runs elsewhere first
         holder = await self.membership.holder()
         if holder == "me":
             return
         if holder == "nobody":
+            # Removed or overwritten: the node may have been declared lost meanwhile and its ranks
+            # moved, so it registers the way a node back from a lost lease does (_rejoin).
             log.warning("agent %s: its node record was removed or overwritten; registering again", self.settings.node)
-            try:
-                await self.membership.register()
-            except FenceLost as err:
-                self._supersede(err.detail)
+            await self._rejoin()
             return
         self._supersede(f"node {self.settings.node} is registered by {holder}")
 
@@ -802,7 +804,8 @@ class NodeAgent:
                 record = decode(pb.NodeRecord, kv.value, kv.key)
             except BadRecord:
                 record = None  # unreadable: its table decides
-            if name != self.settings.node and (record is None or wanted & set(record.ranks)):
+            # A spare's record names no ranks until it registers again after starting some.
+            if name != self.settings.node and (record is None or record.is_spare or wanted & set(record.ranks)):
                 holders.append(name)
         busy: set[int] = set()
         for name in holders:

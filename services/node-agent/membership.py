@@ -68,6 +68,9 @@ class Membership:
         self.replaced_run: RunRef | None = None
         #: The node record no longer says which ranks this node holds: rewrite it.
         self.is_record_stale = False
+        #: The lease was lost and ``keep_registered`` is rejoining: nothing else may register the
+        #: node meanwhile (its ranks may run elsewhere now; the rejoin stops those first).
+        self.rejoining = False
 
     # ---------------------------------------------------------------- lease
     async def open_lease(self) -> LeaseKeeper:
@@ -398,6 +401,7 @@ class Membership:
             assert lease is not None
             await lease.lost.wait()
             log.warning("agent %s: lease lost; registering again", self.settings.node)
+            self.rejoining = True
             await lease.aclose(revoke=False)
             delay = self.settings.retry_s
             while True:
@@ -407,6 +411,7 @@ class Membership:
                         await fresh.__aenter__()
                         self.lease = fresh
                     await rejoin()
+                    self.rejoining = False
                     break
                 except RecoverdError as err:
                     if not isinstance(err, EtcdUnavailable) and self.lease is not lease:

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 
 from recoverd.errors import EtcdRefused, EtcdUnavailable, RecoverdError
 from recoverd.jobcache import JobCache
-from recoverd.jobview import DecodeMemo, JobView, read_job
+from recoverd.jobview import DecodeMemo, JobView, build_view, read_job
 from recoverd.keys import Keyspace
 from recoverd.store import Resync, Store
 from recoverd.workqueue import WorkQueue
@@ -48,7 +48,7 @@ class JobController:
         fatal: tuple[type[BaseException], ...] = (),
         cached: bool = False,
         memo: DecodeMemo | None = None,
-        lag_timeout_s: float = 2.0,
+        lag_timeout_s: float = 0.3,
     ) -> None:
         self.store = store
         self.keys = keys
@@ -96,7 +96,10 @@ class JobController:
             try:
                 await asyncio.wait_for(self.cache.reached(needed), self.lag_timeout_s)
             except TimeoutError:
-                return await read_job(self.store, self.keys, job)  # the watch lags: etcd itself
+                # The watch lags (reconnecting after etcd came back, say): read etcd itself, still
+                # decoding only what changed.
+                snap = await self.store.get_prefix(self.keys.job_prefix(job))
+                return build_view(self.keys, job, snap.kvs, snap.revision, self.cache.memo)
         await self.cache.warm(job)
         return self.cache.view(job)
 

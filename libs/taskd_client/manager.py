@@ -59,7 +59,7 @@ _REPORT_KINDS = {
 def parse_server_addr(server_addr: str) -> list[tuple[str, int]]:
     """etcd endpoints from ``etcd://`` / ``http://`` addresses; a bare host:port (the gateway) is refused."""
     text = server_addr.strip()
-    if not text.startswith(("etcd://", "http://", "https://")):
+    if not text.lower().startswith(("etcd://", "http://", "https://")):
         raise ConfigError(
             f"server_addr {server_addr!r} is a Recover gRPC gateway address; this client talks to etcd directly"
             " (the gateway serves upstream's own gRPC clients): pass etcd://HOST:PORT, e.g. $RECOVERD_ETCD"

@@ -159,12 +159,17 @@ def test_to_wire_of_an_empty_signal_names_only_the_job() -> None:
         ("etcd://a:1,b:2", [("a", 1), ("b", 2)]),
         ("etcd://a:1, etcd://b:2/", [("a", 1), ("b", 2)]),
         ("http://10.0.0.1:2379,10.0.0.2:2380", [("10.0.0.1", 2379), ("10.0.0.2", 2380)]),
-        ("https://etcd.local:2379", [("etcd.local", 2379)]),
         ("  etcd://[::1]:2379  ", [("::1", 2379)]),
     ],
 )
 def test_etcd_and_http_addresses_parse(text: str, expected: list[tuple[str, int]]) -> None:
     assert parse_server_addr(text) == expected
+
+
+@pytest.mark.parametrize("text", ["https://etcd.local:2379", "etcd://a:1,https://b:2", "HTTPS://c:3"])
+def test_an_https_endpoint_is_refused_never_connected_in_plaintext(text: str) -> None:
+    with pytest.raises(ConfigError, match="asks for TLS"):
+        parse_server_addr(text)
 
 
 @pytest.mark.parametrize("text", ["127.0.0.1:8899", "localhost:2379", "a:1,b:2"])

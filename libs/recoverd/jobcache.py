@@ -19,7 +19,6 @@ It stays level-triggered and safe (docs/adr/0029):
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
 from typing import Any
 
 from recoverd.errors import BadRecord
@@ -69,9 +68,6 @@ class JobCache:
                 keys[event.key] = KV(event.key, event.value, event.mod_revision, create, event.lease)
         self._advance(max(self.revision, event.mod_revision))
         return job
-
-    def jobs(self) -> Iterable[str]:
-        return tuple(self._jobs)
 
     def has(self, job: str, key: str) -> bool:
         return key in self._jobs.get(job, {})

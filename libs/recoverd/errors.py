@@ -14,12 +14,14 @@ __all__ = [
     "BadRecord",
     "BadReport",
     "ConfigError",
+    "EtcdAccessDenied",
     "EtcdRefused",
     "EtcdUnavailable",
     "FenceLost",
     "IllegalTransition",
     "JobSpecMismatch",
     "LaunchFailed",
+    "PermissionDenied",
     "Reason",
     "RecoverdError",
     "RequestTooLarge",
@@ -43,6 +45,8 @@ class Reason(StrEnum):
     ETCD_UNAVAILABLE = "etcd_unavailable"
     ETCD_REFUSED = "etcd_refused"
     ETCD_LIMIT = "etcd_limit"
+    ETCD_ACCESS = "etcd_access"
+    ETCD_PERMISSION = "etcd_permission"
     CONFIG_ERROR = "config_error"
     INTERNAL_ERROR = "internal_error"
 
@@ -116,6 +120,15 @@ class EtcdUnavailable(RecoverdError):
     reason = Reason.ETCD_UNAVAILABLE
 
 
+class EtcdAccessDenied(EtcdUnavailable):
+    """etcd could not be used with these credentials: the TLS handshake failed (a certificate that
+    does not verify, an expired one, TLS against a plaintext server) or the user or password is
+    wrong. At startup it is fatal (exit 2: nothing was written); later, a service treats it as etcd
+    being unavailable and keeps retrying, touching no rank, until the credentials work again."""
+
+    reason = Reason.ETCD_ACCESS
+
+
 class ReadCompacted(EtcdUnavailable):
     """A read pinned at a revision that etcd has compacted away since: read again at a fresh one."""
 
@@ -125,6 +138,12 @@ class EtcdRefused(RecoverdError):
     request gets the same answer, so it is logged loudly and never retried as "etcd unavailable"."""
 
     reason = Reason.ETCD_REFUSED
+
+
+class PermissionDenied(EtcdRefused):
+    """etcd refused a request outside the user's roles (docs/security.md): another job's keys."""
+
+    reason = Reason.ETCD_PERMISSION
 
 
 class RequestTooLarge(EtcdRefused):

@@ -44,6 +44,7 @@ __all__ = [
     "EmbeddedEtcd",
     "EtcdBinary",
     "EtcdStartFailed",
+    "ServerTLS",
     "choose_etcd_binary",
     "etcd_binary_version",
     "find_etcd_binary",
@@ -255,6 +256,18 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
+@dataclass(frozen=True, slots=True)
+class ServerTLS:
+    """TLS for an embedded etcd's client port (``recoverd up --tls-dir``, the TLS tests).
+
+    ``client_ca_file`` turns on ``--client-cert-auth``: a client must present a certificate signed
+    by that CA (and, with auth enabled, its common name is its user when it gives no password)."""
+
+    cert_file: str
+    key_file: str
+    client_ca_file: str | None = None
+
+
 class _State(Enum):
     """Lifecycle of an :class:`EmbeddedEtcd`.
 
@@ -306,6 +319,7 @@ class EmbeddedEtcd:
         auto_compaction_retention: str = "5m",
         log_path: str | None = None,
         ready_timeout_s: float = 10.0,
+        tls: ServerTLS | None = None,
     ) -> None:
         self.etcd_binary = choose_etcd_binary(binary)
         self.binary = self.etcd_binary.path
@@ -319,6 +333,9 @@ class EmbeddedEtcd:
         self._auto_ports = client_port == 0 or peer_port == 0
         self._client_port = client_port
         self._peer_port = peer_port
+        #: With TLS, /health is probed on a plaintext loopback metrics port (no client cert needed).
+        self.tls = tls
+        self._metrics_port = 0
         self._data_dir: str | None = data_dir
         self._owns_data_dir = False
         self._proc: subprocess.Popen[bytes] | None = None
@@ -338,8 +355,8 @@ class EmbeddedEtcd:
 
     @property
     def url(self) -> str:
-        """``http://host:port`` of the client listener (what etcdctl and ``/health`` take)."""
-        return f"http://{self.endpoint}"
+        """``http(s)://host:port`` of the client listener (what etcdctl and recoverd's ``--etcd`` take)."""
+        return f"{'https' if self.tls else 'http'}://{self.endpoint}"
 
     @property
     def pid(self) -> int | None:
@@ -483,6 +500,8 @@ class EmbeddedEtcd:
             os.makedirs(self._given_data_dir, exist_ok=True)
             self._data_dir = self._given_data_dir
         if not keep_ports:
+            if self.tls is not None and not self._metrics_port:
+                self._metrics_port = _free_port(self.host)
             if not self._client_port:
                 self._client_port = _free_port(self.host)
             if not self._peer_port:
@@ -499,7 +518,7 @@ class EmbeddedEtcd:
     def _argv(self) -> list[str]:
         assert self._data_dir is not None
         host = _url_host(self.host)
-        client = f"http://{host}:{self._client_port}"
+        client = f"{'https' if self.tls else 'http'}://{host}:{self._client_port}"
         peer = f"http://{host}:{self._peer_port}"
         name = "recoverd-embedded"
         argv = [
@@ -519,6 +538,11 @@ class EmbeddedEtcd:
             "--logger", "zap",
             "--log-level", "error",
         ]  # fmt: skip
+        if self.tls is not None:
+            argv += ["--cert-file", self.tls.cert_file, "--key-file", self.tls.key_file]
+            argv += ["--listen-metrics-urls", f"http://{host}:{self._metrics_port}"]
+            if self.tls.client_ca_file:
+                argv += ["--client-cert-auth", "--trusted-ca-file", self.tls.client_ca_file]
         if self.for_tests:
             argv += ["--unsafe-no-fsync", "--heartbeat-interval", "10", "--election-timeout", "100"]
         return argv
@@ -561,7 +585,7 @@ class EmbeddedEtcd:
             except OSError as err:
                 raise EtcdStartFailed(f"cannot run etcd binary {self.binary!r}: {err}") from err
         self._proc = proc
-        health_url = f"{self.url}/health"
+        health_url = f"http://{_url_host(self.host)}:{self._metrics_port}/health" if self.tls else f"{self.url}/health"
         # Loopback only: never let an http_proxy from the environment intercept the health probe.
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         while True:

@@ -48,14 +48,19 @@ from typing import Any, TypeVar
 import aetcd
 import aetcd.exceptions as aetcd_errors
 
+from recoverd import etcd_security
 from recoverd.errors import (
     ConfigError,
+    EtcdAccessDenied,
     EtcdRefused,
     EtcdUnavailable,
+    PermissionDenied,
     ReadCompacted,
     RecoverdError,
     RequestTooLarge,
 )
+from recoverd.etcd_client import EtcdClient, access_problem, is_stale_token, tls_hint
+from recoverd.etcd_security import EtcdSecurity
 from recoverd.etcd_versions import known_problem
 from recoverd.keys import printable
 
@@ -116,6 +121,16 @@ def _text(key: bytes) -> str:
     return key.decode("utf-8", errors="surrogateescape")
 
 
+def _detail(err: BaseException) -> str:
+    """An error's own words: gRPC's details where it is (or wraps) a gRPC error."""
+    for candidate in (err, err.__cause__, err.__context__):
+        details = getattr(candidate, "details", None)
+        if callable(details):
+            with contextlib.suppress(Exception):
+                return str(details())
+    return str(err)
+
+
 _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     aetcd_errors.ConnectionFailedError,
     aetcd_errors.ConnectionTimeoutError,
@@ -152,23 +167,15 @@ def _propagate_cancellation() -> None:
 
 
 def parse_endpoints(text: str | Sequence[str]) -> list[tuple[str, int]]:
-    """Parse ``etcd://h:p,h:p``, ``http://h:p``, or ``h:p`` lists into (host, port) pairs; an
-    ``https://`` endpoint is refused (ConfigError: no TLS yet, and never plaintext in its place)."""
+    """Parse ``etcd://h:p,h:p``, ``http://h:p``, ``https://h:p`` or ``h:p`` lists into (host, port)
+    pairs. Whether TLS is used is :class:`Store`'s business (``https://`` asks for it)."""
     items = text.split(",") if isinstance(text, str) else list(text)
     endpoints: list[tuple[str, int]] = []
     for item in items:
         raw = item.strip()
         if not raw:
             continue
-        if raw.lower().startswith("https://"):
-            # Connecting in plaintext to an endpoint given as https:// would silently drop the TLS
-            # its user asked for (issue 13): refuse, until TLS is supported.
-            raise ConfigError(
-                f"etcd endpoint {raw!r} asks for TLS (https://), which this version of recoverd cannot do yet;"
-                " it refuses to connect in plaintext instead. Give the endpoint as http://HOST:PORT or HOST:PORT"
-                " for an etcd without TLS"
-            )
-        for scheme in ("etcd://", "http://"):
+        for scheme in ("etcd://", "http://", "https://"):
             if raw.lower().startswith(scheme):
                 raw = raw[len(scheme) :]
         raw = raw.rstrip("/")
@@ -333,8 +340,24 @@ class Store:
         op_timeout_s: float = 5.0,
         watch_retry_s: float = 0.05,
         watch_retry_max_s: float = 1.0,
+        security: EtcdSecurity | None = None,
     ) -> None:
         self.endpoints = parse_endpoints(endpoints)
+        #: TLS and credentials; by default the environment's (``RECOVERD_ETCD_*``, else ``ETCDCTL_*``):
+        #: that is how a rank's client connects as its agent does (docs/security.md).
+        self.security = (security or etcd_security.from_env()).check()
+        text = endpoints if isinstance(endpoints, str) else ",".join(endpoints)
+        scheme = etcd_security.endpoint_scheme(text)
+        if scheme == "https":
+            self.security.require_ca(text)
+        elif scheme == "http" and self.security.tls:
+            raise ConfigError(
+                f"etcd endpoint {text!r} is http:// (plaintext) but TLS files were given"
+                f" ({self.security.describe()}): write the endpoint as https://HOST:PORT"
+            )
+        self.tls = scheme == "https" or self.security.tls
+        if self.tls:
+            self.security.require_ca(text)
         self.connect_timeout_s = connect_timeout_s
         self.op_timeout_s = op_timeout_s
         self.watch_retry_s = watch_retry_s
@@ -387,21 +410,52 @@ class Store:
             # A private subchannel pool: gRPC otherwise shares one connection per target across
             # channels, so after an etcd outage a "fresh" client inherits the dead connection's
             # reconnect backoff (1 s growing to 120 s) and fails fast although etcd is back.
-            client = aetcd.Client(
+            client = EtcdClient(
                 host=host,
                 port=port,
+                username=self.security.user,
+                password=self.security.read_password() if self.security.user else None,
                 timeout=self.op_timeout_s,
                 options={"grpc.use_local_subchannel_pool": 1},
+                credentials=self.security.channel_credentials() if self.tls else None,
             )
             try:
                 await _bounded(client.connect(), limit_s=self.connect_timeout_s)
             except _CONNECTION_ERRORS as err:
                 _propagate_cancellation()
-                raise EtcdUnavailable(f"cannot connect to etcd at {host}:{port}: {err!r}") from err
+                raise self._unreachable(f"cannot connect to etcd at {host}:{port}", err) from err
+            except aetcd_errors.ClientError as err:
+                _propagate_cancellation()
+                raise self._unreachable(f"cannot authenticate to etcd at {host}:{port}", err) from err
             self._client = client
             # In the background: the version is advice and must not delay (or fail) the first call.
             self._version_task = asyncio.create_task(self._check_version(client), name="etcd-version")
         return self._client
+
+    def _unreachable(self, what: str, err: BaseException) -> EtcdUnavailable:
+        """EtcdAccessDenied when ``err`` says the credentials failed (a clear message naming the
+        endpoint and what to check), else EtcdUnavailable."""
+        detail = _detail(err)
+        problem = access_problem(detail)
+        if problem == "tls":
+            return EtcdAccessDenied(f"{what}: {tls_hint(detail, self.security)} ({detail.strip()[:240]})")
+        if problem == "auth":
+            return EtcdAccessDenied(
+                f"{what}: etcd refused the credentials of user {self.security.user!r}: {detail.strip()[:200]}"
+            )
+        return EtcdUnavailable(f"{what}: {err!r}")
+
+    async def verify(self) -> None:
+        """Connect and make one call: raise EtcdAccessDenied when TLS or authentication fails (an
+        entry point's setup check: exit 2 before anything is written). An etcd that is merely not
+        up yet is not an error here: the services wait for it."""
+        try:
+            await self._status()
+        except EtcdAccessDenied:
+            raise
+        except EtcdUnavailable as err:
+            log.warning("etcd is not reachable yet (%s); waiting for it", err)
+            return
 
     def _stop_version_check(self) -> None:
         task, self._version_task = self._version_task, None
@@ -463,20 +517,36 @@ class Store:
         except _CALL_ERRORS as err:
             _propagate_cancellation()  # a cancellation of this task: re-raised; any other: the connection
             await self._failover(client)
-            raise EtcdUnavailable(f"etcd {name} failed at {self.endpoint}: {err!r}") from err
+            raise self._unreachable(f"etcd {name} failed at {self.endpoint}", err) from err
         except aetcd_errors.ClientError as err:
             _propagate_cancellation()
-            raise _refusal(name, str(err)) from err
+            if is_stale_token(str(err)):
+                await self._failover(client)  # the next connection authenticates again
+                raise EtcdUnavailable(f"etcd {name} at {self.endpoint}: the auth token expired") from err
+            raise self._refused(name, str(err), args[0] if args else None) from err
 
-    async def _rpc_error(self, name: str, err: Any, client: Any) -> EtcdUnavailable | EtcdRefused:
+    async def _rpc_error(self, name: str, err: Any, client: Any, key: Any = None) -> EtcdUnavailable | EtcdRefused:
         """Sort a gRPC error: etcd not answering (fail over, retry later) or refusing this request."""
         code = err.code()
-        if code in _UNAVAILABLE_CODES:
+        details = err.details() or ""
+        if code in _UNAVAILABLE_CODES or is_stale_token(details):
             await self._failover(client)
-            return EtcdUnavailable(f"etcd {name} failed at {self.endpoint}: {code.name} {err.details()}")
-        refusal = _refusal(name, f"{code.name} {err.details()}")
+            return self._unreachable(f"etcd {name} failed at {self.endpoint}", err)
+        refusal = self._refused(name, f"{code.name} {details}", key)
         log.error("etcd refused a %s request: %s", name, refusal.detail)
         return refusal
+
+    def _refused(self, name: str, detail: str, key: Any = None) -> EtcdRefused:
+        if "permission denied" in detail.lower():
+            who = f"user {self.security.user!r}" if self.security.user else "this client's certificate or user"
+            what = ""
+            if isinstance(key, bytes | str):
+                what = f" of {printable(key if isinstance(key, str) else _text(key))}"
+            return PermissionDenied(
+                f"etcd refused {name}{what}: permission denied: {who} has no role that grants it"
+                " (docs/security.md: each job's agent and client may use only that job's keys)"
+            )
+        return _refusal(name, detail)
 
     # ---------------------------------------------------------------- reads
     async def get(self, key: str) -> KV | None:
@@ -559,15 +629,36 @@ class Store:
                     continue
                 if code == aetcd.rpc.StatusCode.OUT_OF_RANGE and "compacted" in (err.details() or ""):
                     raise _Compacted() from err
-                raise await self._rpc_error("range", err, client) from err
+                raise await self._rpc_error("range", err, client, key) from err
             except _CALL_ERRORS as err:
                 _propagate_cancellation()
                 await self._failover(client)
                 raise EtcdUnavailable(f"etcd range failed at {self.endpoint}: {err!r}") from err
 
     async def revision(self) -> int:
-        """The store's current revision (for starting a watch after a read)."""
-        return (await self.get_prefix("\0\0recoverd-revision-probe")).revision
+        """The store's current revision (for starting a watch after a read).
+
+        From etcd's Status call, which needs no permission on any key (a job's user may read only
+        its job's keys). It is the connected member's revision: never ahead of what a later read
+        sees, so a watch started after it misses nothing."""
+        return int((await self._status()).header.revision)
+
+    async def _status(self) -> Any:
+        client = await self._get_client()
+        try:
+            return await _bounded(
+                client.maintenancestub.Status(
+                    aetcd.rpc.StatusRequest(), timeout=self.op_timeout_s, metadata=client.metadata
+                ),
+                limit_s=self.op_timeout_s,
+            )
+        except aetcd.rpc.AioRpcError as err:
+            _propagate_cancellation()
+            raise await self._rpc_error("status", err, client) from err
+        except _CALL_ERRORS as err:
+            _propagate_cancellation()
+            await self._failover(client)
+            raise self._unreachable(f"etcd status failed at {self.endpoint}", err) from err
 
     # ---------------------------------------------------------------- writes
     async def put(self, key: str, value: bytes, *, lease: int | None = None) -> int:

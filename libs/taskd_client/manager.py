@@ -57,7 +57,8 @@ _REPORT_KINDS = {
 
 
 def parse_server_addr(server_addr: str) -> list[tuple[str, int]]:
-    """etcd endpoints from ``etcd://`` / ``http://`` addresses; a bare host:port (the gateway) is refused."""
+    """etcd endpoints from ``etcd://`` / ``http://`` / ``https://`` addresses; a bare host:port (the
+    gateway) is refused."""
     text = server_addr.strip()
     if not text.lower().startswith(("etcd://", "http://", "https://")):
         raise ConfigError(
@@ -121,7 +122,7 @@ class DLRecoverManager(RecoverManager):
     ) -> None:
         if not isinstance(info, pb.ClientInfo):
             raise TypeError(f"info must be a recover_pb2.ClientInfo, not {type(info).__name__}")
-        endpoints = [f"{host}:{port}" for host, port in parse_server_addr(server_addr)]
+        parse_server_addr(server_addr)  # a gateway address or a malformed one: refused here
         self.info = info
         self.server_addr = server_addr
         self.call_timeout_s = call_timeout_s
@@ -135,7 +136,8 @@ class DLRecoverManager(RecoverManager):
         #: Set once a subscription is live: every signal published from then on will be delivered.
         self.subscribed = threading.Event()
         self._loop = LoopThread(name=f"recoverd-client-{info.jobId}")
-        self._store = Store(endpoints, op_timeout_s=min(call_timeout_s, 5.0))
+        # TLS and credentials from RECOVERD_ETCD_* (the agent sets them for its ranks; docs/security.md).
+        self._store = Store(server_addr.strip(), op_timeout_s=min(call_timeout_s, 5.0))
         self._session = ClientSession(self._store, self._keys, info.jobId, role=info.role, lease_ttl_s=ttl)
 
     # ---------------------------------------------------------------- plumbing

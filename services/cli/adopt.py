@@ -28,6 +28,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
+from recoverd import etcd_security
 from recoverd.agent.adopt import AdoptRuntime, Captured, capture
 from recoverd.agent.agent import EXIT_SIGINT, AgentSettings, NodeAgent, become_subreaper
 from recoverd.agent.runtime import OnExit
@@ -101,6 +102,7 @@ def build_parser(prog: str = "recoverd adopt") -> argparse.ArgumentParser:
     parser.add_argument("--reset-json", default=None, help="a device plugin's reset.json to turn into faults")
     parser.add_argument("--nvml", choices=NVML_MODES, default="auto", help=NVML_HELP)
     parser.add_argument("--log-level", default=os.environ.get("RECOVERD_LOG_LEVEL", "INFO"))
+    etcd_security.add_arguments(parser)
     return parser
 
 
@@ -143,12 +145,14 @@ def settings_for(args: argparse.Namespace, captured: Sequence[Captured]) -> Agen
 async def _run(args: argparse.Namespace) -> int:
     captured = capture(args.pids, with_rank=args.with_rank)
     settings = settings_for(args, captured)
+    security = etcd_security.from_args(args)
     become_subreaper()
 
     def runtime(on_exit: OnExit, protected: object) -> AdoptRuntime:
         return AdoptRuntime(on_exit, set, captured, vanish_grace_s=args.vanish_grace)
 
-    async with Store(settings.etcd) as store:
+    async with Store(settings.etcd, security=security) as store:
+        await store.verify()
         return await NodeAgent(store, Keyspace(settings.prefix), settings, runtime=runtime).run()
 
 

@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 from google.protobuf import json_format
 
-from recoverd import hangstacks
+from recoverd import etcd_security, hangstacks
 from recoverd.errors import ConfigError, RecoverdError
 from recoverd.jobview import JobView, idle_spares, read_job
 from recoverd.keys import DEFAULT_PREFIX, Keyspace, RunRef, printable
@@ -332,7 +332,9 @@ async def _policy(store: Store, keys: Keyspace, args: argparse.Namespace) -> int
 
 async def _run(args: argparse.Namespace) -> int:
     keys = Keyspace(args.prefix)
-    async with Store(args.etcd, connect_timeout_s=args.timeout, op_timeout_s=args.timeout) as store:
+    security = etcd_security.from_args(args)
+    async with Store(args.etcd, connect_timeout_s=args.timeout, op_timeout_s=args.timeout, security=security) as store:
+        await store.verify()
         if args.cmd == "policy":
             return await _policy(store, keys, args)
         view = await _view(store, keys, args.job)
@@ -382,6 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--prefix", default=os.environ.get("RECOVERD_PREFIX", DEFAULT_PREFIX), help="%(default)s")
     parser.add_argument("--timeout", type=float, default=5.0, help="etcd timeout in seconds (%(default)s)")
+    etcd_security.add_arguments(parser)
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     for name, text in (
         ("status", "ranks and the current recovery of a job"),

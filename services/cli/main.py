@@ -33,7 +33,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from recoverd import __version__
+from recoverd import __version__, etcd_security
 from recoverd.agent.agent import AgentSettings, NodeAgent, become_subreaper
 from recoverd.agent.settings import DEFAULT_LEASE_TTL_S, NVML_HELP, NVML_MODES
 from recoverd.argtypes import lease_ttl, non_negative, positive
@@ -41,6 +41,7 @@ from recoverd.coordinator.model import Timeouts
 from recoverd.coordinator.reconciler import Coordinator
 from recoverd.coordinator.settings import CoordinatorSettings
 from recoverd.errors import ConfigError, RecoverdError
+from recoverd.etcd_security import EtcdSecurity
 from recoverd.etcd_server import EmbeddedEtcd
 from recoverd.gateway import server as gateway_server
 from recoverd.keys import DEFAULT_PREFIX, Keyspace, check_id
@@ -79,6 +80,7 @@ def _add_common(parser: argparse.ArgumentParser, *, etcd_required: bool) -> None
         help="key prefix in etcd (default: $RECOVERD_PREFIX or %(default)s)",
     )
     parser.add_argument("--log-level", default=os.environ.get("RECOVERD_LOG_LEVEL", "INFO"), help="%(default)s")
+    etcd_security.add_arguments(parser)
 
 
 def _add_embedded(parser: argparse.ArgumentParser) -> None:
@@ -345,6 +347,20 @@ class _Etcd:
         self.args = args
         self.embedded: EmbeddedEtcd | None = None
 
+    def security(self) -> EtcdSecurity:
+        """The given etcd's TLS and credentials; none for the embedded one (loopback, plaintext)."""
+        if self.args.etcd:
+            return etcd_security.from_args(self.args)
+        given = [
+            flag for flag in ("cacert", "cert", "key", "user", "password_file") if getattr(self.args, f"etcd_{flag}")
+        ]
+        if given:
+            raise ConfigError(
+                f"--etcd-{given[0].replace('_', '-')} is for an etcd given with --etcd: the embedded etcd listens"
+                " on loopback without TLS or users (docs/security.md)"
+            )
+        return EtcdSecurity()
+
     async def __aenter__(self) -> str:
         if self.args.etcd:
             parse_endpoints(self.args.etcd)
@@ -381,31 +397,45 @@ def _dump_tasks() -> None:
     sys.stderr.flush()
 
 
+def _warn_rank_credentials(security: EtcdSecurity) -> None:
+    """Ranks get paths, never a password: with a password from the environment they get none."""
+    if security.user and not security.password_file:
+        log.warning(
+            "etcd user %s's password comes from the environment, which ranks do not inherit: a rank's client"
+            " (DLRecoverManager, ResilientTrainer) cannot authenticate. Give it as --etcd-password-file FILE,"
+            " or use client certificates (docs/security.md)",
+            security.user,
+        )
+
+
 async def _main_async(args: argparse.Namespace) -> int:
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _dump_tasks)
     keys = Keyspace(args.prefix)
-    if args.cmd in ("coordinator", "strategy", "agent") and not args.etcd:
+    if args.cmd in ("coordinator", "strategy", "agent", "gateway") and not args.etcd:
         raise ConfigError(f"recoverd {args.cmd} needs an etcd endpoint: --etcd HOST:PORT or RECOVERD_ETCD")
-    if args.cmd in ("coordinator", "strategy"):
-        async with Store(args.etcd) as store:
+    if args.cmd in ("coordinator", "strategy", "gateway", "agent"):
+        security = etcd_security.from_args(args)
+        settings = (
+            _agent_settings(args, args.etcd, args.job, args.nnodes, args.node_rank) if args.cmd == "agent" else None
+        )
+        async with Store(args.etcd, security=security) as store:
+            await store.verify()  # wrong CA, expired certificate, wrong password: exit 2 before any write
+            if args.cmd == "gateway":
+                return await _serve_gateway(store, keys, args)
+            if settings is not None:
+                _warn_rank_credentials(security)
+                become_subreaper()
+                return await NodeAgent(store, keys, settings).run()
             return await _serve(
                 store, keys, args, coordinator=args.cmd == "coordinator", strategy=args.cmd == "strategy"
             )
-    if args.cmd == "gateway":
-        if not args.etcd:
-            raise ConfigError("recoverd gateway needs an etcd endpoint: --etcd HOST:PORT or RECOVERD_ETCD")
-        async with Store(args.etcd) as store:
-            return await _serve_gateway(store, keys, args)
-    if args.cmd == "agent":
-        become_subreaper()
-        settings = _agent_settings(args, args.etcd, args.job, args.nnodes, args.node_rank)
-        async with Store(args.etcd) as store:
-            return await NodeAgent(store, keys, settings).run()
     job = getattr(args, "job", None) or f"job-{os.getpid()}"
     if args.cmd == "run":
         _agent_settings(args, "", job, 1, 0)  # bad input is refused before anything is started
     etcd = _Etcd(args)
-    async with etcd as endpoint, Store(endpoint) as store:
+    security = etcd.security()
+    async with etcd as endpoint, Store(endpoint, security=security) as store:
+        await store.verify()
         if args.cmd == "up":
             print(f"recoverd control plane up; etcd at {endpoint}  (export RECOVERD_ETCD={endpoint})", flush=True)
             if etcd.describe():

@@ -79,6 +79,7 @@ from recoverd.errors import (
     Reason,
     RecoverdError,
 )
+from recoverd.etcd_security import SECRET_ENV
 from recoverd.jobview import JobView, ranks_running_elsewhere, read_node_view
 from recoverd.keys import Keyspace, RunRef
 from recoverd.records import decode, encode, pb, ts_from_s
@@ -482,12 +483,19 @@ class NodeAgent:
             raise FenceLost(f"node {self.settings.node}: a write was refused, its registration is not this agent's")
 
     # ---------------------------------------------------------------- ranks
+    def _base_env(self) -> dict[str, str]:
+        """The agent's environment for a rank, less its etcd secrets, plus the paths a rank's
+        client needs to connect as the agent does (docs/security.md: paths, never a password)."""
+        env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+        env.update(self.settings.extra_env)
+        env.update(self.store.security.rank_env())
+        return env
+
     def _rank_env(self, slot: RankSlot) -> dict[str, str]:
         spec = self.membership.spec
         assert spec is not None
         s = self.settings
-        env = dict(os.environ)
-        env.update(s.extra_env)
+        env = self._base_env()
         env.update(
             {
                 "RANK": str(slot.rank),
@@ -547,8 +555,7 @@ class NodeAgent:
     def _spare_launch(self) -> RankLaunch:
         spec = self.membership.spec
         assert spec is not None
-        env = dict(os.environ)
-        env.update(self.settings.extra_env)
+        env = self._base_env()
         env.update(
             {
                 "RECOVERD_ETCD": self.settings.etcd,

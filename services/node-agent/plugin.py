@@ -142,7 +142,8 @@ async def _serve(callbacks: Mapping[str, Callable[..., Any]], environ: Mapping[s
         return runtime
 
     try:
-        async with Store(settings.etcd) as store:
+        async with Store(settings.etcd) as store:  # TLS and credentials: RECOVERD_ETCD_* (docs/security.md)
+            await store.verify()
             agent = NodeAgent(store, Keyspace(settings.prefix), settings, runtime=factory)
             return await agent.run()
     finally:

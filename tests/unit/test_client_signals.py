@@ -166,12 +166,6 @@ def test_etcd_and_http_addresses_parse(text: str, expected: list[tuple[str, int]
     assert parse_server_addr(text) == expected
 
 
-@pytest.mark.parametrize("text", ["https://etcd.local:2379", "etcd://a:1,https://b:2", "HTTPS://c:3"])
-def test_an_https_endpoint_is_refused_never_connected_in_plaintext(text: str) -> None:
-    with pytest.raises(ConfigError, match="asks for TLS"):
-        parse_server_addr(text)
-
-
 @pytest.mark.parametrize("text", ["127.0.0.1:8899", "localhost:2379", "a:1,b:2"])
 def test_a_bare_host_port_is_the_gateway_which_is_not_built(text: str) -> None:
     with pytest.raises(ConfigError) as caught:

@@ -1,0 +1,263 @@
+"""How recoverd authenticates to etcd: TLS files, a user and its password (docs/security.md).
+
+One value, :class:`EtcdSecurity`, carries what every connection needs. Every entry point fills it
+the same way (:func:`add_arguments`, :func:`from_args`), with one precedence:
+
+1. the flags ``--etcd-cacert``, ``--etcd-cert``, ``--etcd-key``, ``--etcd-user``,
+   ``--etcd-password-file``;
+2. ``RECOVERD_ETCD_CACERT`` / ``_CERT`` / ``_KEY`` / ``_USER`` / ``_PASSWORD_FILE`` /
+   ``_PASSWORD``; an empty value means "none" and stops the fall-back below (the agent sets them
+   so for ranks of an etcd without TLS);
+3. etcdctl's own ``ETCDCTL_CACERT`` / ``_CERT`` / ``_KEY`` / ``_USER`` (``name`` or
+   ``name:password``) / ``_PASSWORD``, so an operator's etcdctl setup works as it is.
+
+A password is never a flag: command lines are visible to every user of the host (``ps``). It comes
+from a file (``--etcd-password-file``, read when connecting, so ranks can be given the path and
+not the secret) or from ``RECOVERD_ETCD_PASSWORD``. It is kept out of ``repr`` and every message.
+
+Certificate common-name authentication needs no user: with etcd's ``--client-cert-auth`` and auth
+enabled, the client certificate's CN is the user.
+
+Files are checked when the value is built (:meth:`EtcdSecurity.check`), so a typo is a clear
+error and exit 2 before anything connects, not a TLS failure later.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from recoverd.errors import ConfigError
+
+__all__ = [
+    "ENV",
+    "SECRET_ENV",
+    "EtcdSecurity",
+    "add_arguments",
+    "endpoint_scheme",
+    "from_args",
+    "from_env",
+]
+
+#: Our variables, by field, and etcdctl's where it has one.
+ENV: dict[str, tuple[str, str | None]] = {
+    "cacert": ("RECOVERD_ETCD_CACERT", "ETCDCTL_CACERT"),
+    "cert": ("RECOVERD_ETCD_CERT", "ETCDCTL_CERT"),
+    "key": ("RECOVERD_ETCD_KEY", "ETCDCTL_KEY"),
+    "user": ("RECOVERD_ETCD_USER", "ETCDCTL_USER"),
+    "password_file": ("RECOVERD_ETCD_PASSWORD_FILE", None),
+}
+PASSWORD_ENV = "RECOVERD_ETCD_PASSWORD"
+ETCDCTL_PASSWORD_ENV = "ETCDCTL_PASSWORD"
+#: Variables that may hold a password (etcdctl's user may be ``name:password``): never passed to a rank.
+SECRET_ENV = frozenset({PASSWORD_ENV, ETCDCTL_PASSWORD_ENV, "ETCDCTL_USER"})
+
+#: A PEM file larger than this is not a certificate or a key (a chain of a few certificates is ~10 KiB).
+MAX_PEM_BYTES = 1 << 20
+MAX_PASSWORD_BYTES = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdSecurity:
+    """TLS files and credentials for etcd; all empty: plaintext, no authentication."""
+
+    cacert: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    user: str | None = None
+    password_file: str | None = None
+    #: Only from the environment; never printed (repr=False).
+    password: str | None = field(default=None, repr=False)
+
+    @property
+    def tls(self) -> bool:
+        """TLS is asked for by any TLS file (and by an ``https://`` endpoint: see the Store)."""
+        return bool(self.cacert or self.cert or self.key)
+
+    @property
+    def authenticates(self) -> bool:
+        return bool(self.user)
+
+    def describe(self) -> str:
+        """For logs: what is used, never a secret."""
+        parts = []
+        if self.tls:
+            parts.append(f"TLS (CA {self.cacert or 'system'}" + (f", client cert {self.cert})" if self.cert else ")"))
+        if self.user:
+            parts.append(f"user {self.user}")
+        elif self.cert:
+            parts.append("the client certificate's common name as user")
+        return ", ".join(parts) or "plaintext, no authentication"
+
+    def check(self) -> EtcdSecurity:
+        """Raise ConfigError for anything that cannot work; return self."""
+        if bool(self.cert) != bool(self.key):
+            given, missing = ("--etcd-cert", "--etcd-key") if self.cert else ("--etcd-key", "--etcd-cert")
+            raise ConfigError(f"{given} needs {missing} too: a client certificate and its private key go together")
+        for flag, path in (("--etcd-cacert", self.cacert), ("--etcd-cert", self.cert), ("--etcd-key", self.key)):
+            if path:
+                _read_pem(flag, path)
+        if self.password_file and self.password is not None:
+            raise ConfigError(f"both --etcd-password-file and ${PASSWORD_ENV} are set: give the password one way")
+        if (self.password_file or self.password is not None) and not self.user:
+            raise ConfigError("an etcd password was given without a user: add --etcd-user (or RECOVERD_ETCD_USER)")
+        if self.user:
+            if ":" in self.user:
+                raise ConfigError(f"invalid etcd user {self.user.split(':')[0]!r}...: a user name has no ':'")
+            if not self.password_file and self.password is None:
+                raise ConfigError(
+                    f"etcd user {self.user!r} needs a password: --etcd-password-file FILE or ${PASSWORD_ENV}"
+                    " (never on the command line)"
+                )
+            if self.password_file:
+                self.read_password()
+        return self
+
+    def read_password(self) -> str:
+        """The password: from the file (first line, newline stripped), else from the environment."""
+        if self.password is not None:
+            return self.password
+        if not self.password_file:
+            raise ConfigError("no etcd password configured")
+        try:
+            with open(self.password_file, "rb") as f:
+                raw = f.read(MAX_PASSWORD_BYTES + 1)
+        except OSError as err:
+            raise ConfigError(f"cannot read the etcd password file {self.password_file}: {err.strerror}") from None
+        if len(raw) > MAX_PASSWORD_BYTES:
+            raise ConfigError(f"etcd password file {self.password_file} is over {MAX_PASSWORD_BYTES} bytes")
+        try:
+            text = raw.decode().splitlines()[0] if raw.strip() else ""
+        except UnicodeDecodeError:
+            raise ConfigError(f"etcd password file {self.password_file} is not UTF-8 text") from None
+        if not text:
+            raise ConfigError(f"etcd password file {self.password_file} is empty")
+        return text
+
+    def channel_credentials(self) -> object:
+        """gRPC channel credentials for TLS (the CA is required: see :meth:`require_ca`)."""
+        import grpc
+
+        return grpc.ssl_channel_credentials(
+            root_certificates=_read_pem("--etcd-cacert", self.cacert) if self.cacert else None,
+            private_key=_read_pem("--etcd-key", self.key) if self.key else None,
+            certificate_chain=_read_pem("--etcd-cert", self.cert) if self.cert else None,
+        )
+
+    def require_ca(self, endpoint: str) -> None:
+        if not self.cacert:
+            raise ConfigError(
+                f"etcd endpoint {endpoint} asks for TLS, but no CA was given to verify its certificate:"
+                " --etcd-cacert FILE (or RECOVERD_ETCD_CACERT / ETCDCTL_CACERT). recoverd never connects"
+                " in plaintext in its place"
+            )
+
+    def rank_env(self) -> dict[str, str]:
+        """What a rank's client needs to connect as this agent does: paths, never a secret. Every
+        variable is set (empty: none), so a rank does not fall back to an etcdctl setup of its own."""
+        env = {
+            "RECOVERD_ETCD_CACERT": _abs(self.cacert),
+            "RECOVERD_ETCD_CERT": _abs(self.cert),
+            "RECOVERD_ETCD_KEY": _abs(self.key),
+            "RECOVERD_ETCD_USER": self.user or "",
+            "RECOVERD_ETCD_PASSWORD_FILE": _abs(self.password_file),
+        }
+        return env
+
+
+def _abs(path: str | None) -> str:
+    return os.path.abspath(path) if path else ""
+
+
+def _read_pem(flag: str, path: str | None) -> bytes:
+    assert path
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_PEM_BYTES + 1)
+    except OSError as err:
+        raise ConfigError(f"{flag} {path}: cannot read it: {err.strerror}") from None
+    if len(data) > MAX_PEM_BYTES:
+        raise ConfigError(f"{flag} {path}: over {MAX_PEM_BYTES} bytes, not a PEM certificate or key")
+    if b"-----BEGIN " not in data:
+        raise ConfigError(f"{flag} {path}: not a PEM file (no '-----BEGIN' line)")
+    return data
+
+
+def endpoint_scheme(text: str) -> str | None:
+    """``"https"``, ``"http"`` or None (no scheme, or MindCluster's ``etcd://``: TLS when TLS files are
+    given) for a comma-separated endpoint list; ConfigError when its endpoints disagree (one
+    connection setting serves them all)."""
+    schemes: set[str | None] = set()
+    for item in text.split(","):
+        raw = item.strip().lower()
+        if not raw:
+            continue
+        if raw.startswith("https://"):
+            schemes.add("https")
+        elif raw.startswith("http://"):
+            schemes.add("http")
+        else:
+            schemes.add(None)
+    if "https" in schemes and len(schemes) > 1:
+        raise ConfigError(f"etcd endpoints {text!r} mix https:// with plaintext ones: give them all as https://")
+    if len(schemes) == 1:
+        return next(iter(schemes))
+    return "http" if "http" in schemes else None
+
+
+def from_env(env: Mapping[str, str] | None = None) -> EtcdSecurity:
+    """The settings of the environment alone (what a rank's client uses)."""
+    env = os.environ if env is None else env
+    values: dict[str, str | None] = {}
+    for name, (ours, etcdctl) in ENV.items():
+        if ours in env:
+            values[name] = env[ours] or None  # set but empty: none, and no fall-back
+        elif etcdctl and env.get(etcdctl):
+            values[name] = env[etcdctl]
+        else:
+            values[name] = None
+    password = env.get(PASSWORD_ENV)
+    if password is None and ENV["user"][0] not in env:
+        user = values["user"]
+        if user and ":" in user:  # etcdctl's --user name:password form
+            values["user"], password = user.split(":", 1)
+        elif ETCDCTL_PASSWORD_ENV in env:
+            password = env[ETCDCTL_PASSWORD_ENV]
+    if password == "":
+        password = None
+    return EtcdSecurity(password=password, **values)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags, defaults None (the environment fills what is not given: :func:`from_args`)."""
+    group = parser.add_argument_group(
+        "etcd TLS and authentication",
+        "Defaults: $RECOVERD_ETCD_CACERT, _CERT, _KEY, _USER, _PASSWORD_FILE (empty: none), else etcdctl's"
+        " $ETCDCTL_CACERT, _CERT, _KEY, _USER. The password: a file, or $RECOVERD_ETCD_PASSWORD; never a flag."
+        " An https:// endpoint needs --etcd-cacert (docs/security.md).",
+    )
+    group.add_argument("--etcd-cacert", metavar="FILE", default=None, help="CA bundle that signed etcd's certificate")
+    group.add_argument("--etcd-cert", metavar="FILE", default=None, help="client certificate (mutual TLS)")
+    group.add_argument("--etcd-key", metavar="FILE", default=None, help="the client certificate's private key")
+    group.add_argument("--etcd-user", metavar="NAME", default=None, help="etcd user (password from a file or env)")
+    group.add_argument(
+        "--etcd-password-file", metavar="FILE", default=None, help="file holding the etcd user's password"
+    )
+
+
+def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> EtcdSecurity:
+    """Flags over the environment, checked."""
+    env = os.environ if env is None else env
+    base = from_env(env)
+    given = {
+        name: getattr(args, f"etcd_{name}")
+        for name in ("cacert", "cert", "key", "user", "password_file")
+        if getattr(args, f"etcd_{name}", None)
+    }
+    if "password_file" in given:
+        base = replace(base, password=None)  # the flag's file wins over a password in the environment
+    elif "user" in given and given["user"] != base.user and PASSWORD_ENV not in env:
+        base = replace(base, password=None)  # etcdctl's password belongs to etcdctl's user
+    return replace(base, **given).check()

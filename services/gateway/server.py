@@ -70,14 +70,23 @@ class Gateway:
         server = grpc.aio.server(options=list(SERVER_OPTIONS))
         recover_pb2_grpc.add_RecoverServicer_to_server(self.service, server)
         try:
-            self.port = server.add_insecure_port(self.settings.listen)
+            credentials = server_credentials(self.settings)
+            if credentials is None:
+                self.port = server.add_insecure_port(self.settings.listen)
+            else:
+                self.port = server.add_secure_port(self.settings.listen, credentials)
         except RuntimeError as err:
             raise ConfigError(f"cannot listen on {self.settings.listen}: {err}") from err
         if not self.port:
             raise ConfigError(f"cannot listen on {self.settings.listen} (in use, or not a host:port)")
         await server.start()
         self._server = server
-        log.info("recoverd gateway listening on %s (port %d)", self.settings.listen, self.port)
+        log.info(
+            "recoverd gateway listening on %s (port %d, %s)",
+            self.settings.listen,
+            self.port,
+            "mutual TLS" if self.settings.tls_client_ca else "TLS" if self.settings.tls_cert else "plaintext",
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -101,6 +110,31 @@ class Gateway:
 _positive_float = positive(float)
 
 
+def _pem(flag: str, path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(1 << 20)
+    except OSError as err:
+        raise ConfigError(f"{flag} {path}: cannot read it: {err.strerror}") from None
+    if b"-----BEGIN " not in data:
+        raise ConfigError(f"{flag} {path}: not a PEM file")
+    return data
+
+
+def server_credentials(settings: GatewaySettings) -> grpc.ServerCredentials | None:
+    """TLS for the Recover port from the settings' PEM files; None for plaintext."""
+    if not (settings.tls_cert or settings.tls_key or settings.tls_client_ca):
+        return None
+    if not (settings.tls_cert and settings.tls_key):
+        raise ConfigError("the gateway's TLS needs both --tls-cert and --tls-key")
+    pair = (_pem("--tls-key", settings.tls_key), _pem("--tls-cert", settings.tls_cert))
+    if settings.tls_client_ca:
+        return grpc.ssl_server_credentials(
+            [pair], root_certificates=_pem("--tls-client-ca", settings.tls_client_ca), require_client_auth=True
+        )
+    return grpc.ssl_server_credentials([pair])
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The gateway's own flags (``--etcd``/``--prefix``/``--log-level`` come from the CLI)."""
     default = GatewaySettings()
@@ -122,6 +156,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--call-timeout", type=number, default=default.call_timeout_s,
         help="budget of one RPC's etcd work, in seconds; over it the call answers 599 (%(default)s)",
     )  # fmt: skip
+    tls = parser.add_argument_group("the gateway's TLS (docs/security.md)")
+    tls.add_argument("--tls-cert", metavar="FILE", help="serve TLS with this certificate (PEM; with --tls-key)")
+    tls.add_argument("--tls-key", metavar="FILE", help="the certificate's private key (PEM)")
+    tls.add_argument(
+        "--tls-client-ca", metavar="FILE", help="require client certificates signed by this CA (mutual TLS)"
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
@@ -131,4 +171,7 @@ def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
         client_lease_ttl_s=args.client_lease_ttl,
         client_grace_s=args.client_grace,
         call_timeout_s=args.call_timeout,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca,
     )

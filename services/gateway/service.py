@@ -83,6 +83,11 @@ class GatewaySettings:
     client_grace_s: float = 10.0
     call_timeout_s: float = 10.0
     shutdown_grace_s: float = 1.0
+    #: TLS for the gRPC port (PEM files): certificate and key; with ``tls_client_ca`` clients must
+    #: present a certificate that CA signed (mutual TLS). None: plaintext (docs/security.md).
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
 
 
 class _JobClient:

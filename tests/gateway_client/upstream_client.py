@@ -36,6 +36,21 @@ rpc: Any = None
 _print_lock = threading.Lock()
 
 
+def channel(args: argparse.Namespace, options: list[tuple[str, int]]) -> grpc.Channel:
+    """TaskD's channel: plaintext, or TLS (with a client certificate for mutual TLS) when given."""
+    if not args.tls_ca:
+        return grpc.insecure_channel(args.addr, options=options)
+
+    def read(path: str | None) -> bytes | None:
+        if not path:
+            return None
+        with open(path, "rb") as f:
+            return f.read()
+
+    credentials = grpc.ssl_channel_credentials(read(args.tls_ca), read(args.tls_key), read(args.tls_cert))
+    return grpc.secure_channel(args.addr, credentials, options=options)
+
+
 def out(event: str, **fields: Any) -> None:
     with _print_lock:
         print(json.dumps({"event": event, "t": time.time(), **fields}), flush=True)
@@ -69,7 +84,7 @@ class Controller:
         self._connect()
 
     def _connect(self) -> None:
-        self.channel = grpc.insecure_channel(self.args.addr, options=UPSTREAM_OPTIONS)
+        self.channel = channel(self.args, UPSTREAM_OPTIONS)
         self.stub = rpc.RecoverStub(self.channel)
 
     # ---------------------------------------------------------------- upstream's calls
@@ -213,8 +228,8 @@ class Controller:
 
 # -------------------------------------------------------------------- probe mode
 def probe(args: argparse.Namespace) -> None:
-    channel = grpc.insecure_channel(args.addr, options=UPSTREAM_OPTIONS)
-    stub = rpc.RecoverStub(channel)
+    chan = channel(args, UPSTREAM_OPTIONS)
+    stub = rpc.RecoverStub(chan)
     job, exit_only = args.job, args.exit_only_job
 
     def status(name: str, call: Any) -> None:
@@ -272,7 +287,7 @@ def probe(args: argparse.Namespace) -> None:
     stream_error("subscribe_notify_switch", lambda: stub.SubscribeNotifySwitch(info, timeout=5))
     stream_error("subscribe_stress", lambda: stub.SubscribeStressTestResponse(
         pb.StressTestRequest(jobID=job), timeout=5))  # fmt: skip
-    channel.close()
+    chan.close()
     flood.join()
     out("probe_done")
 
@@ -289,15 +304,15 @@ def ping_flood(args: argparse.Namespace) -> None:
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
     ]
-    channel = grpc.insecure_channel(args.addr, options=options)
-    stub = rpc.RecoverStub(channel)
+    chan = channel(args, options)
+    stub = rpc.RecoverStub(chan)
     states: list[str] = []
     stub.HealthCheck(pb.ClientInfo(jobId=args.job), timeout=5)
-    channel.subscribe(lambda state: states.append(state.name), try_to_connect=False)
+    chan.subscribe(lambda state: states.append(state.name), try_to_connect=False)
     time.sleep(args.ping_seconds)
     result = stub.HealthCheck(pb.ClientInfo(jobId=args.job), timeout=5)
     out("probe", name="ping_flood", code=result.code, states=states)
-    channel.close()
+    chan.close()
 
 
 def main() -> None:
@@ -314,6 +329,9 @@ def main() -> None:
     parser.add_argument("--probe", action="store_true")
     parser.add_argument("--exit-only-job", default="")
     parser.add_argument("--ping-seconds", type=float, default=4.0)
+    parser.add_argument("--tls-ca", default=None, help="dial with TLS, trusting this CA (PEM)")
+    parser.add_argument("--tls-cert", default=None, help="client certificate for mutual TLS (PEM)")
+    parser.add_argument("--tls-key", default=None, help="its private key (PEM)")
     args = parser.parse_args()
     load_stubs(args.stubs)
     if args.probe:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import grpc
 import pytest
 
 from recoverd.records import encode, pb
@@ -322,3 +323,64 @@ def test_a_client_gone_longer_than_the_grace_stops_being_a_participant(cluster: 
     assert len(view.recovery.participants) == 1 and view.recovery.participants[0].startswith("client.")
     assert [s["signalType"] for s in back.signals()] == ["stopTrain", "globalFault", "changeStrategy"]
     assert [(f.rank, f.source) for f in view.recovery.faults] == [(0, pb.SOURCE_CLIENT)]
+
+
+def test_the_gateway_with_mutual_tls_completes_a_recovery(cluster: Cluster, upstream, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    trustme = pytest.importorskip("trustme", reason="trustme is a dev dependency")
+    ca = trustme.CA()
+    files = {name: str(tmp_path / f"{name}.pem") for name in ("ca", "server", "server-key", "client", "client-key")}
+    ca.cert_pem.write_to_path(files["ca"])
+    server = ca.issue_cert("127.0.0.1")
+    server.cert_chain_pems[0].write_to_path(files["server"])
+    server.private_key_pem.write_to_path(files["server-key"])
+    client_cert = ca.issue_cert("taskd.example", common_name="taskd")
+    client_cert.cert_chain_pems[0].write_to_path(files["client"])
+    client_cert.private_key_pem.write_to_path(files["client-key"])
+    job = "job-gw-tls"
+    cluster.coordinator()
+    cluster.strategy()
+    cluster.agent(job, nproc=2, strategies="recover-in-place,exit")
+    tls = ("--tls-cert", files["server"], "--tls-key", files["server-key"], "--tls-client-ca", files["ca"])
+    port = start_gateway(cluster, *tls)
+    before = cluster.wait_running(job, 2)
+
+    # Without a client certificate (or over plaintext) the handshake is refused; with one it succeeds.
+    def ready(credentials: grpc.ChannelCredentials | None) -> bool:
+        addr = f"127.0.0.1:{port}"
+        chan = grpc.secure_channel(addr, credentials) if credentials else grpc.insecure_channel(addr)
+        try:
+            grpc.channel_ready_future(chan).result(timeout=3)
+            return True
+        except grpc.FutureTimeoutError:
+            return False
+        finally:
+            chan.close()
+
+    ca_pem = Path(files["ca"]).read_bytes()
+    assert not ready(grpc.ssl_channel_credentials(ca_pem))
+    assert not ready(None)
+    mine = (Path(files["client-key"]).read_bytes(), Path(files["client"]).read_bytes())
+    assert ready(grpc.ssl_channel_credentials(ca_pem, *mine))
+    assert cluster.view(job).clients == {}
+
+    client = upstream(
+        port, job, "--tls-ca", files["ca"], "--tls-cert", files["client"], "--tls-key", files["client-key"]
+    )
+    client.wait_for("a keep-alive over TLS", lambda: client.events("signal", signalType="keep-alive"))
+    assert [r["code"] for r in client.events("register")] == [0]
+    os.kill(before[1].pid, signal.SIGKILL)
+    view = cluster.wait_for("the recovery to finish", lambda: _done(cluster, job, 1))
+    assert view.recovery.strategy == "recover-in-place"
+    assert [s["signalType"] for s in client.signals()] == ["stopTrain", "globalFault", "changeStrategy"]
+    assert [r["code"] for r in client.events("report", attempt=1)] == [0, 0, 0]
+    assert cluster.ranks(job)[1].restart_count == 1
+
+
+def test_the_gateway_refuses_half_a_tls_setup(cluster: Cluster, tmp_path: Path) -> None:
+    key = tmp_path / "key.pem"
+    key.write_text("-----BEGIN PRIVATE KEY-----\n-----END PRIVATE KEY-----\n")
+    proc = cluster.spawn(
+        "gateway", ["gateway", "--etcd", cluster.endpoint, "--listen", "127.0.0.1:0", "--tls-key", str(key)]
+    )
+    assert proc.wait(timeout=30) == 2
+    assert "needs both --tls-cert and --tls-key" in Path(proc.log_path).read_text()  # type: ignore[attr-defined]

@@ -20,7 +20,7 @@ from recoverd.errors import BadRecord
 from recoverd.keys import printable
 from recoverd.v1 import records_pb2 as pb
 
-__all__ = ["decode", "encode", "pb", "printable", "ts_from_s", "ts_to_s", "wall_now"]
+__all__ = ["MAX_DECODE_BYTES", "decode", "encode", "pb", "printable", "ts_from_s", "ts_to_s", "wall_now"]
 
 M = TypeVar("M", bound=Message)
 
@@ -43,6 +43,10 @@ _PARSE_ERRORS = (
 )
 
 
+#: No value is parsed above this (etcd's own request limit is 1.5 MiB; recoverd writes at most 1 MiB).
+MAX_DECODE_BYTES = 2 * 1024 * 1024
+
+
 def decode(cls: type[M], raw: bytes | str, key: str = "") -> M:
     """Parse a stored record; raise BadRecord (with the key) when it is not a valid ``cls``.
 
@@ -52,6 +56,9 @@ def decode(cls: type[M], raw: bytes | str, key: str = "") -> M:
     """
     message = cls()
     where = f" at {printable(key)}" if key else ""
+    if len(raw) > MAX_DECODE_BYTES:
+        # Before parsing: an etcd run with a raised --max-request-bytes could hold anything.
+        raise BadRecord(f"{cls.__name__}{where} is {len(raw)} bytes: over the {MAX_DECODE_BYTES}-byte cap")
     try:
         text = raw.decode() if isinstance(raw, bytes) else raw
         data = json.loads(text)

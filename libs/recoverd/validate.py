@@ -13,6 +13,9 @@ The rules (docs/keyspace.md, "Validation"):
 * a record that names itself names its key: ``Fault.fault_id``, ``NodeRecord.node``,
   ``NodeRanks.node``, ``ClientRecord.client_id``, ``Report.participant`` and ``Report.kind``,
   ``Decision.epoch``, ``Signal.seq``;
+* a record written by an agent, a client or the selector holds no list (at any depth) longer than
+  the job's world size plus 64 (:func:`max_list`): a value under the byte cap can still hold
+  100,000 tiny entries that would each cost a pass work;
 * numbers are in range: epochs and sequence numbers are positive, ranks lie in ``0..world-1``
   (except a fault's rank, which the coordinator reports as ``unknown_rank``), enums are known values;
 * a live participant's record (``nodes/``, ``clients/``) is attached to a lease: nothing else would
@@ -40,6 +43,7 @@ __all__ = [
     "check_record",
     "check_size",
     "check_spec",
+    "max_list",
     "report_kind_name",
     "sequence_of",
 ]
@@ -113,10 +117,31 @@ def _named(actual: str, expected: str, what: str) -> None:
         raise BadRecord(f"{what} {printable(actual)!r} does not match its key ({expected!r})")
 
 
+def max_list(frame: JobFrame) -> int:
+    """The longest list a record written by an agent, a client or the selector may hold: no list
+    in one (ranks, faults, stacks, strategies, pids) is longer than the job has ranks, plus slack."""
+    return frame.world_size + 64
+
+
+def _check_lists(msg: Message, cap: int, kind: KeyKind) -> None:
+    """Every repeated field, at any depth, has at most ``cap`` entries."""
+    for field, value in msg.ListFields():
+        if field.is_repeated:
+            if len(value) > cap:
+                raise BadRecord(f"{kind.value} record lists {len(value)} {field.name}: over the cap of {cap}")
+            if field.message_type is not None and not field.message_type.GetOptions().map_entry:
+                for item in value:
+                    _check_lists(item, cap, kind)
+        elif field.message_type is not None:
+            _check_lists(value, cap, kind)
+
+
 def check_record(ref: KeyRef, msg: Message, lease: int, frame: JobFrame) -> None:
     """Raise BadRecord unless ``msg`` (decoded from ``ref``'s key) is a valid record of its kind."""
     m: Any = msg
     kind = ref.kind
+    if kind not in _OWN:
+        _check_lists(msg, max_list(frame), kind)
     if kind is KeyKind.STATUS:
         _named(m.uid, frame.uid, "status uid")
         _enum(pb.JobState, m.state, "job state")

@@ -8,8 +8,16 @@ import pytest
 
 from recoverd.errors import BadRecord
 from recoverd.keys import Keyspace, RunRef
-from recoverd.records import decode, encode, pb
-from recoverd.validate import MAX_VALUE_BYTES, JobFrame, check_record, check_size, check_spec, report_kind_name
+from recoverd.records import MAX_DECODE_BYTES, decode, encode, pb
+from recoverd.validate import (
+    MAX_VALUE_BYTES,
+    JobFrame,
+    check_record,
+    check_size,
+    check_spec,
+    max_list,
+    report_kind_name,
+)
 
 KEYS = Keyspace("/v/v1")
 RUN = RunRef("j", "r")
@@ -108,3 +116,19 @@ def test_spec_must_name_its_job_and_a_size() -> None:
 
 def test_report_kind_names_are_the_key_segments() -> None:
     assert [report_kind_name(k) for k in (1, 2, 3)] == ["stop_complete", "strategies", "recover_status"]
+
+
+def test_lists_in_records_are_bounded_by_the_job_size() -> None:
+    cap = max_list(FRAME)
+    stacks = [pb.RankStack(rank=1)] * cap
+    _check(KEYS.fault(RUN, "f"), pb.Fault(fault_id="f", rank=1, stacks=stacks))
+    with pytest.raises(BadRecord, match=f"lists {cap + 1} stacks: over the cap of {cap}"):
+        _check(KEYS.fault(RUN, "f"), pb.Fault(fault_id="f", rank=1, stacks=[*stacks, pb.RankStack(rank=1)]))
+    pids = pb.NodeRanks(node="n0", warm_spare_pids=[1] * (cap + 1))
+    with pytest.raises(BadRecord, match="warm_spare_pids: over the cap"):
+        _check(KEYS.ranks(RUN, "n0"), pids)
+
+
+def test_no_value_over_the_decode_cap_is_parsed() -> None:
+    with pytest.raises(BadRecord, match=r"over the \d+-byte cap"):
+        decode(pb.Fault, b"{" + b" " * MAX_DECODE_BYTES + b"}")

@@ -32,6 +32,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -320,6 +321,7 @@ class EmbeddedEtcd:
         log_path: str | None = None,
         ready_timeout_s: float = 10.0,
         tls: ServerTLS | None = None,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.etcd_binary = choose_etcd_binary(binary)
         self.binary = self.etcd_binary.path
@@ -335,6 +337,8 @@ class EmbeddedEtcd:
         self._peer_port = peer_port
         #: With TLS, /health is probed on a plaintext loopback metrics port (no client cert needed).
         self.tls = tls
+        #: More etcd flags (tests: ``--auth-token-ttl``).
+        self.extra_args = tuple(extra_args)
         self._metrics_port = 0
         self._data_dir: str | None = data_dir
         self._owns_data_dir = False
@@ -543,6 +547,7 @@ class EmbeddedEtcd:
             argv += ["--listen-metrics-urls", f"http://{host}:{self._metrics_port}"]
             if self.tls.client_ca_file:
                 argv += ["--client-cert-auth", "--trusted-ca-file", self.tls.client_ca_file]
+        argv += self.extra_args
         if self.for_tests:
             argv += ["--unsafe-no-fsync", "--heartbeat-interval", "10", "--election-timeout", "100"]
         return argv

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from recoverd.errors import PermissionDenied
+from recoverd.errors import EtcdUnavailable, PermissionDenied
 from recoverd.etcd_security import EtcdSecurity
 from recoverd.etcd_server import EmbeddedEtcd, ServerTLS, find_etcdctl_binary
 from recoverd.keys import Keyspace
 from recoverd.records import pb
-from recoverd.store import Store
+from recoverd.store import Store, WatchEvent
 
 from .cluster import Cluster
 
@@ -265,3 +265,85 @@ def test_bad_credentials_are_a_clear_error_exit_2_and_nothing_written(secure: Se
             assert not (await store.get_prefix(KEYS.job_prefix("c"))).kvs
 
     asyncio.run(nothing_written())
+
+
+def test_an_expired_token_is_unavailable_once_then_the_store_authenticates_again() -> None:
+    """etcd's simple tokens expire when unused for --auth-token-ttl (300 s by default; 1 s here):
+    the next call fails as "unavailable" (every caller retries those), never as a refusal, and the
+    connection authenticates again. A watch opened before keeps delivering."""
+    with EmbeddedEtcd(for_tests=True, extra_args=["--auth-token-ttl", "1"]) as etcd:
+        etcdctl = find_etcdctl_binary(etcd.binary)
+        assert etcdctl
+        base = [etcdctl, "--endpoints", etcd.url]
+        subprocess.run([*base, "user", "add", "root", "--interactive=false"], input=b"pw\n", check=True, timeout=30)
+        subprocess.run([*base, "user", "grant-role", "root", "root"], check=True, capture_output=True, timeout=30)
+        subprocess.run([*base, "auth", "enable"], check=True, capture_output=True, timeout=30)
+
+        async def go() -> list[str]:
+            seen: list[str] = []
+            async with Store(etcd.endpoint, security=EtcdSecurity(user="root", password="pw")) as store:
+                start = await store.put("/t/a", b"1")
+
+                async def watch() -> None:
+                    async for item in store.watch_prefix("/t/", start + 1):
+                        if isinstance(item, WatchEvent):
+                            seen.append(item.key)
+                            return
+
+                watcher = asyncio.create_task(watch())
+                await asyncio.sleep(2.5)  # the token expires unused
+                outcomes = []
+                for _ in range(3):
+                    try:
+                        await store.put("/t/b", b"2")
+                        outcomes.append("ok")
+                        break
+                    except EtcdUnavailable as err:
+                        outcomes.append(str(err))
+                assert outcomes[-1] == "ok" and len(outcomes) <= 2, outcomes
+                await asyncio.wait_for(watcher, 20)
+            return seen
+
+        assert asyncio.run(go()) == ["/t/b"]
+
+
+def test_an_etcd_restart_voids_every_token_and_the_store_authenticates_again(tmp_path: Path) -> None:
+    """etcd's simple tokens do not survive a restart ("invalid auth token"): the next call is
+    "unavailable" once (callers retry), the connection authenticates again, a watch resumes."""
+    with EmbeddedEtcd(for_tests=True) as etcd:
+        etcdctl = find_etcdctl_binary(etcd.binary)
+        assert etcdctl
+        base = [etcdctl, "--endpoints", etcd.url]
+        subprocess.run([*base, "user", "add", "root", "--interactive=false"], input=b"pw\n", check=True, timeout=30)
+        subprocess.run([*base, "user", "grant-role", "root", "root"], check=True, capture_output=True, timeout=30)
+        subprocess.run([*base, "auth", "enable"], check=True, capture_output=True, timeout=30)
+        root = EtcdSecurity(user="root", password="pw")
+
+        async def go() -> list[str]:
+            seen: list[str] = []
+            async with Store(etcd.endpoint, security=root, op_timeout_s=2) as store:
+                await store.verify()
+                start = await store.put("/t/a", b"1")
+
+                async def watch() -> None:
+                    async for item in store.watch_prefix("/t/", start + 1):
+                        if hasattr(item, "key"):
+                            seen.append(item.key)
+                            if len(seen) == 2:
+                                return
+
+                watcher = asyncio.create_task(watch())
+                await store.put("/t/b", b"2")
+                etcd.kill9()
+                etcd.restart()
+                for _ in range(50):  # what every caller of the store does on EtcdUnavailable
+                    try:
+                        await store.put("/t/c", b"3")
+                        break
+                    except EtcdUnavailable:
+                        await asyncio.sleep(0.1)
+                assert (await store.get("/t/c")) is not None
+                await asyncio.wait_for(watcher, 20)
+            return seen
+
+        assert asyncio.run(go()) == ["/t/b", "/t/c"]

@@ -33,7 +33,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from recoverd import __version__, etcd_security
+from recoverd import __version__, etcd_security, tlsdir
 from recoverd.agent.agent import AgentSettings, NodeAgent, become_subreaper
 from recoverd.agent.settings import DEFAULT_LEASE_TTL_S, NVML_HELP, NVML_MODES
 from recoverd.argtypes import lease_ttl, non_negative, positive
@@ -42,7 +42,7 @@ from recoverd.coordinator.reconciler import Coordinator
 from recoverd.coordinator.settings import CoordinatorSettings
 from recoverd.errors import ConfigError, RecoverdError
 from recoverd.etcd_security import EtcdSecurity
-from recoverd.etcd_server import EmbeddedEtcd
+from recoverd.etcd_server import EmbeddedEtcd, ServerTLS
 from recoverd.gateway import server as gateway_server
 from recoverd.keys import DEFAULT_PREFIX, Keyspace, check_id
 from recoverd.policy import load_policy
@@ -200,6 +200,13 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="run the control plane (embedded etcd unless --etcd, coordinator, strategy)")
     _add_common(up, etcd_required=False)
     _add_embedded(up)
+    up.add_argument(
+        "--tls-dir",
+        metavar="DIR",
+        default=None,
+        help="serve the embedded etcd with TLS and client certificates from DIR (made there on first use:"
+        " a CA, a server and a client certificate; docs/security.md)",
+    )
     _add_timeouts(up)
 
     coordinator = sub.add_parser("coordinator", help="the leader-elected recovery coordinator")
@@ -346,11 +353,20 @@ class _Etcd:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.embedded: EmbeddedEtcd | None = None
+        self.tls: tlsdir.TlsDir | None = None
 
     def security(self) -> EtcdSecurity:
-        """The given etcd's TLS and credentials; none for the embedded one (loopback, plaintext)."""
+        """The given etcd's TLS and credentials; none for the embedded one (loopback, plaintext),
+        unless ``up --tls-dir``: then its client certificate."""
+        tls_dir = getattr(self.args, "tls_dir", None)
+        if tls_dir and self.args.etcd:
+            raise ConfigError("--tls-dir is for the embedded etcd; for a given --etcd use --etcd-cacert/--etcd-cert")
         if self.args.etcd:
             return etcd_security.from_args(self.args)
+        if tls_dir:
+            self.tls = tlsdir.ensure(tls_dir)
+            cert, key = self.tls.client
+            return EtcdSecurity(cacert=self.tls.ca, cert=cert, key=key)
         given = [
             flag for flag in ("cacert", "cert", "key", "user", "password_file") if getattr(self.args, f"etcd_{flag}")
         ]
@@ -365,9 +381,13 @@ class _Etcd:
         if self.args.etcd:
             parse_endpoints(self.args.etcd)
             return str(self.args.etcd)
-        self.embedded = EmbeddedEtcd(binary=self.args.etcd_bin, data_dir=self.args.etcd_data_dir)
+        server_tls = None
+        if self.tls is not None:
+            cert, key = self.tls.server
+            server_tls = ServerTLS(cert, key, client_ca_file=self.tls.ca)
+        self.embedded = EmbeddedEtcd(binary=self.args.etcd_bin, data_dir=self.args.etcd_data_dir, tls=server_tls)
         await self.embedded.async_start()
-        return self.embedded.endpoint
+        return self.embedded.url if self.tls is not None else self.embedded.endpoint
 
     def describe(self) -> str | None:
         """For ``run``/``up`` to print after their first line: which etcd binary and version holds
@@ -437,7 +457,11 @@ async def _main_async(args: argparse.Namespace) -> int:
     async with etcd as endpoint, Store(endpoint, security=security) as store:
         await store.verify()
         if args.cmd == "up":
-            print(f"recoverd control plane up; etcd at {endpoint}  (export RECOVERD_ETCD={endpoint})", flush=True)
+            exports = f"RECOVERD_ETCD={endpoint}"
+            if etcd.tls is not None:
+                cert, key = etcd.tls.client
+                exports += f" RECOVERD_ETCD_CACERT={etcd.tls.ca} RECOVERD_ETCD_CERT={cert} RECOVERD_ETCD_KEY={key}"
+            print(f"recoverd control plane up; etcd at {endpoint}  (export {exports})", flush=True)
             if etcd.describe():
                 print(etcd.describe(), flush=True)
             return await _serve(store, keys, args, coordinator=True, strategy=True)

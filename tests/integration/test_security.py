@@ -347,3 +347,30 @@ def test_an_etcd_restart_voids_every_token_and_the_store_authenticates_again(tmp
             return seen
 
         assert asyncio.run(go()) == ["/t/b", "/t/c"]
+
+
+def test_up_with_a_tls_dir_serves_tls_and_its_exports_connect_a_job(tmp_path: Path) -> None:
+    cluster = Cluster("unused:1", PREFIX, tmp_path)
+    try:
+        tls_dir = tmp_path / "tls"
+        up = cluster.spawn("up", ["up", "--prefix", PREFIX, "--tls-dir", str(tls_dir)])
+        line = cluster.wait_for(
+            "up's export line",
+            lambda: next((x for x in Path(up.log_path).read_text().splitlines() if "(export " in x), None),  # type: ignore[attr-defined]
+            timeout=30,
+        )
+        exports = dict(item.split("=", 1) for item in line.split("(export ", 1)[1].rstrip(")").split())
+        assert exports["RECOVERD_ETCD"].startswith("https://127.0.0.1:")
+        assert (tls_dir / "client-key.pem").stat().st_mode & 0o077 == 0
+        job = cluster.spawn(
+            "agent",
+            ["agent", "--prefix", PREFIX, "--job", "t", "--node", "n", "--nproc-per-node", "1", "--",
+             sys.executable, "-c", "print('rank ran')"],
+            env={**exports, "RECOVERD_ETCD_USER": "", "RECOVERD_ETCD_PASSWORD_FILE": ""},
+        )  # fmt: skip
+        assert job.wait(timeout=60) == 0, cluster.logs()
+        plain = {**exports, "RECOVERD_ETCD_CACERT": "", "RECOVERD_ETCD_CERT": "", "RECOVERD_ETCD_KEY": ""}
+        refused = _ctl(plain, "status", "t", url=exports["RECOVERD_ETCD"])
+        assert refused.returncode == 2 and "no CA was given" in refused.stderr
+    finally:
+        cluster.close()

@@ -1,7 +1,12 @@
 """The one module that talks to etcd.
 
-Wraps the chosen client (aetcd, docs/adr/0002; nothing else imports it: importing two etcd clients
-in one process fails with "duplicate symbol") and adds what it lacks:
+Wraps the chosen client (aetcd, docs/adr/0002; nothing else imports it but :mod:`etcd_client`, its
+TLS subclass, and :mod:`etcd_admin`'s request types: importing two etcd clients in one process fails
+with "duplicate symbol") and adds what it lacks:
+
+* **TLS and users** (docs/adr/0030): :class:`recoverd.etcd_security.EtcdSecurity` (default: the
+  environment's); :meth:`Store.verify` is the entry points' startup check (EtcdAccessDenied on a
+  bad certificate or password), and an expired auth token reconnects;
 
 * **resuming watches**: :meth:`Store.watch_prefix` survives an etcd restart or a lost connection by
   re-watching from the last seen ``mod_revision + 1``, so no event is lost or delivered twice, and

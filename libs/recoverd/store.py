@@ -45,7 +45,7 @@ import contextlib
 import logging
 import time
 from asyncio import FIRST_COMPLETED
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, TypeVar
@@ -650,37 +650,33 @@ class Store:
 
     async def auth_rpc(self, method: str, request: Any) -> Any:
         """One call of etcd's Auth service (user and role administration: :mod:`recoverd.etcd_admin`)."""
-        client = await self._get_client()
-        stub = client.auth_stub or aetcd.rpc.AuthStub(client.channel)
-        try:
-            return await _bounded(
-                getattr(stub, method)(request, timeout=self.op_timeout_s, metadata=client.metadata),
-                limit_s=self.op_timeout_s,
-            )
-        except aetcd.rpc.AioRpcError as err:
-            _propagate_cancellation()
-            raise await self._rpc_error(method, err, client) from err
-        except _CALL_ERRORS as err:
-            _propagate_cancellation()
-            await self._failover(client)
-            raise self._unreachable(f"etcd {method} failed at {self.endpoint}", err) from err
+
+        def call(client: Any) -> Any:
+            stub = client.auth_stub or aetcd.rpc.AuthStub(client.channel)
+            return getattr(stub, method)(request, timeout=self.op_timeout_s, metadata=client.metadata)
+
+        return await self._unary(method, call)
 
     async def _status(self) -> Any:
+        return await self._unary(
+            "status",
+            lambda client: client.maintenancestub.Status(
+                aetcd.rpc.StatusRequest(), timeout=self.op_timeout_s, metadata=client.metadata
+            ),
+        )
+
+    async def _unary(self, name: str, call: Callable[[Any], Awaitable[Any]]) -> Any:
+        """One unary gRPC call on the current connection, its errors sorted as every call's are."""
         client = await self._get_client()
         try:
-            return await _bounded(
-                client.maintenancestub.Status(
-                    aetcd.rpc.StatusRequest(), timeout=self.op_timeout_s, metadata=client.metadata
-                ),
-                limit_s=self.op_timeout_s,
-            )
+            return await _bounded(call(client), limit_s=self.op_timeout_s)
         except aetcd.rpc.AioRpcError as err:
             _propagate_cancellation()
-            raise await self._rpc_error("status", err, client) from err
+            raise await self._rpc_error(name, err, client) from err
         except _CALL_ERRORS as err:
             _propagate_cancellation()
             await self._failover(client)
-            raise self._unreachable(f"etcd status failed at {self.endpoint}", err) from err
+            raise self._unreachable(f"etcd {name} failed at {self.endpoint}", err) from err
 
     # ---------------------------------------------------------------- writes
     async def put(self, key: str, value: bytes, *, lease: int | None = None) -> int:

@@ -267,17 +267,23 @@ def test_bad_credentials_are_a_clear_error_exit_2_and_nothing_written(secure: Se
     asyncio.run(nothing_written())
 
 
+def _enable_auth_with_root_password(etcd: EmbeddedEtcd, password: str) -> None:
+    """etcdctl's usual bootstrap on a plaintext etcd: a root user with a password, auth on."""
+    etcdctl = find_etcdctl_binary(etcd.binary)
+    assert etcdctl
+    base = [etcdctl, "--endpoints", etcd.url]
+    add = [*base, "user", "add", "root", "--interactive=false"]
+    subprocess.run(add, input=f"{password}\n".encode(), check=True, capture_output=True, timeout=30)
+    subprocess.run([*base, "user", "grant-role", "root", "root"], check=True, capture_output=True, timeout=30)
+    subprocess.run([*base, "auth", "enable"], check=True, capture_output=True, timeout=30)
+
+
 def test_an_expired_token_is_unavailable_once_then_the_store_authenticates_again() -> None:
     """etcd's simple tokens expire when unused for --auth-token-ttl (300 s by default; 1 s here):
     the next call fails as "unavailable" (every caller retries those), never as a refusal, and the
     connection authenticates again. A watch opened before keeps delivering."""
     with EmbeddedEtcd(for_tests=True, extra_args=["--auth-token-ttl", "1"]) as etcd:
-        etcdctl = find_etcdctl_binary(etcd.binary)
-        assert etcdctl
-        base = [etcdctl, "--endpoints", etcd.url]
-        subprocess.run([*base, "user", "add", "root", "--interactive=false"], input=b"pw\n", check=True, timeout=30)
-        subprocess.run([*base, "user", "grant-role", "root", "root"], check=True, capture_output=True, timeout=30)
-        subprocess.run([*base, "auth", "enable"], check=True, capture_output=True, timeout=30)
+        _enable_auth_with_root_password(etcd, "pw")
 
         async def go() -> list[str]:
             seen: list[str] = []
@@ -311,12 +317,7 @@ def test_an_etcd_restart_voids_every_token_and_the_store_authenticates_again(tmp
     """etcd's simple tokens do not survive a restart ("invalid auth token"): the next call is
     "unavailable" once (callers retry), the connection authenticates again, a watch resumes."""
     with EmbeddedEtcd(for_tests=True) as etcd:
-        etcdctl = find_etcdctl_binary(etcd.binary)
-        assert etcdctl
-        base = [etcdctl, "--endpoints", etcd.url]
-        subprocess.run([*base, "user", "add", "root", "--interactive=false"], input=b"pw\n", check=True, timeout=30)
-        subprocess.run([*base, "user", "grant-role", "root", "root"], check=True, capture_output=True, timeout=30)
-        subprocess.run([*base, "auth", "enable"], check=True, capture_output=True, timeout=30)
+        _enable_auth_with_root_password(etcd, "pw")
         root = EtcdSecurity(user="root", password="pw")
 
         async def go() -> list[str]:

@@ -353,9 +353,7 @@ class Store:
         self.security = (security or etcd_security.from_env()).check()
         text = endpoints if isinstance(endpoints, str) else ",".join(endpoints)
         scheme = etcd_security.endpoint_scheme(text)
-        if scheme == "https":
-            self.security.require_ca(text)
-        elif scheme == "http" and self.security.tls:
+        if scheme == "http" and self.security.tls:
             raise ConfigError(
                 f"etcd endpoint {text!r} is http:// (plaintext) but TLS files were given"
                 f" ({self.security.describe()}): write the endpoint as https://HOST:PORT"
@@ -415,14 +413,20 @@ class Store:
             # A private subchannel pool: gRPC otherwise shares one connection per target across
             # channels, so after an etcd outage a "fresh" client inherits the dead connection's
             # reconnect backoff (1 s growing to 120 s) and fails fast although etcd is back.
+            try:
+                # Read at every connection: a rotated certificate or password file is picked up.
+                password = self.security.read_password() if self.security.user else None
+                credentials = self.security.channel_credentials() if self.tls else None
+            except ConfigError as err:  # checked at startup; gone since: retry, never crash a service
+                raise EtcdAccessDenied(f"etcd at {host}:{port}: {err.detail}") from err
             client = EtcdClient(
                 host=host,
                 port=port,
                 username=self.security.user,
-                password=self.security.read_password() if self.security.user else None,
+                password=password,
                 timeout=self.op_timeout_s,
                 options={"grpc.use_local_subchannel_pool": 1},
-                credentials=self.security.channel_credentials() if self.tls else None,
+                credentials=credentials,
             )
             try:
                 await _bounded(client.connect(), limit_s=self.connect_timeout_s)

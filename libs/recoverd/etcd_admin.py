@@ -8,7 +8,7 @@ role                permissions
 recoverd-control    readwrite ``P/`` (coordinator, strategy service, gateway of many jobs)
 recoverd-operator   read ``P/`` (recoverctl's reads, dashboards)
 recoverd-agent-J    readwrite ``P/jobs/J/``, ``P/events/J/``, ``P/rendezvous/J/`` (job J's agents)
-recoverd-client-J   read ``P/jobs/J/``; readwrite ``P/jobs/J/runs/``, ``P/rendezvous/J/``
+recoverd-client-J   read ``P/jobs/J/``; readwrite ``P/jobs/J/runs/``, ``P/events/J/``, ``P/rendezvous/J/``
                     (job J's ranks: DLRecoverManager, ResilientTrainer, the msrun plugin)
 ==================  ===========================================================================
 
@@ -94,7 +94,9 @@ def role_grants(keys: Keyspace, role: str, job: str | None = None) -> tuple[Gran
     if role == "agent":
         return (Grant(job_keys, READWRITE), Grant(keys.job_events_prefix(job), READWRITE), Grant(rendezvous, READWRITE))
     if role == "client":
-        return (Grant(job_keys, READ), Grant(keys.runs_prefix(job), READWRITE), Grant(rendezvous, READWRITE))
+        # Clients record events too (a registration, a fault report): the job's events, read-write.
+        events = Grant(keys.job_events_prefix(job), READWRITE)
+        return (Grant(job_keys, READ), Grant(keys.runs_prefix(job), READWRITE), events, Grant(rendezvous, READWRITE))
     raise ConfigError(f"unknown role {role!r}")
 
 

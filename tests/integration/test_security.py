@@ -25,7 +25,8 @@ from recoverd.errors import EtcdUnavailable, PermissionDenied
 from recoverd.etcd_security import EtcdSecurity
 from recoverd.etcd_server import EmbeddedEtcd, ServerTLS, find_etcdctl_binary
 from recoverd.keys import Keyspace
-from recoverd.records import pb
+from recoverd.mindcluster import recover_pb2 as wire
+from recoverd.records import encode, pb
 from recoverd.store import Store, WatchEvent
 
 from .cluster import Cluster
@@ -142,9 +143,9 @@ def test_auth_setup_is_idempotent_and_dry_run_changes_nothing(secure: Secure) ->
     assert again.returncode == 0, again.stderr
     assert "nothing to change" in again.stdout and "etcdctl" not in again.stdout
     dry = _ctl(root, "auth", "setup", "--job", "d", "--dry-run", url=secure.url)
-    assert "etcdctl role add recoverd-agent-d" in dry.stdout and "dry run: 8 change(s) not made" in dry.stdout
+    assert "etcdctl role add recoverd-agent-d" in dry.stdout and "dry run: 9 change(s) not made" in dry.stdout
     still = _ctl(root, "auth", "setup", "--job", "d", "--dry-run", url=secure.url)
-    assert "dry run: 8 change(s) not made" in still.stdout  # the dry run made none of them
+    assert "dry run: 9 change(s) not made" in still.stdout  # the dry run made none of them
 
 
 def test_a_whole_recovery_with_every_component_on_tls_and_per_job_users(secure: Secure, tmp_path: Path) -> None:
@@ -375,3 +376,35 @@ def test_up_with_a_tls_dir_serves_tls_and_its_exports_connect_a_job(tmp_path: Pa
         assert refused.returncode == 2 and "no CA was given" in refused.stderr
     finally:
         cluster.close()
+
+
+def test_dlrecovermanager_connects_with_the_ranks_environment_alone(
+    secure: Secure, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client library a training script imports takes TLS and its user from RECOVERD_ETCD_*,
+    as its agent sets them: no code change, and another job's keys stay out of reach."""
+    from taskd_client.manager import DLRecoverManager
+
+    spec = pb.JobSpec(name="b", uid="b-run", world_size=1, nnodes=1, nproc_per_node=1,
+                      policy=pb.Policy(strategies=["retry", "exit"]))  # fmt: skip
+
+    async def put_spec() -> None:
+        async with Store(secure.url, security=secure.security(secure.certs("root"))) as store:
+            await store.put(KEYS.job_spec("b"), encode(spec))
+
+    asyncio.run(put_spec())
+    for name, value in secure.user("b", "client").items():
+        monkeypatch.setenv(name, value)
+    manager = DLRecoverManager(wire.ClientInfo(jobId="b", role="controller"), secure.url, prefix=PREFIX)
+    try:
+        assert manager.init_clusterd() is True
+        status = manager.register()
+        assert (status.code, status.info) == (0, "register success")
+    finally:
+        manager.close()
+    stranger = DLRecoverManager(wire.ClientInfo(jobId="a", role="controller"), secure.url, prefix=PREFIX)
+    try:
+        with pytest.raises(PermissionDenied, match="recoverd-client-b"):
+            stranger.init_clusterd()
+    finally:
+        stranger.close()

@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 ## etcd, so two workers halve the wall time even on two cores. PYTEST_WORKERS=0 runs them in one.
 PYTEST_WORKERS ?= 2
 
-.PHONY: all venv torch demo-torch bench bench-hangs bench-node-loss bench-scale proto demo test test-unit chaos lint format typecheck clean fresh-clone-test msrun-venv test-msrun
+.PHONY: all venv torch demo-torch bench bench-hangs bench-node-loss bench-scale bench-tls proto demo test test-unit chaos lint format typecheck clean fresh-clone-test msrun-venv test-msrun
 
 all: test
 
@@ -62,6 +62,11 @@ bench-hangs: $(TORCH_STAMP)
 NODE_LOSS_ARGS ?= --trials 10
 bench-node-loss: $(STAMP)
 	$(PY) bench/node_loss.py $(NODE_LOSS_ARGS)
+
+## What TLS and authentication cost each etcd call: plaintext, TLS, TLS + per-job user, side by side
+## (~1 min; bench/results/tls.{json,md}; docs/security.md).
+bench-tls: $(STAMP)
+	$(PY) bench/tls.py $(TLS_ARGS)
 
 ## Lint, type-check, then every test (unit and end-to-end against a throwaway etcd).
 test: $(STAMP) $(TORCH_STAMP) lint typecheck

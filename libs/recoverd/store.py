@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from asyncio import FIRST_COMPLETED
@@ -53,7 +54,7 @@ from typing import Any, TypeVar
 import aetcd
 import aetcd.exceptions as aetcd_errors
 
-from recoverd import etcd_security
+from recoverd import etcd_security, metrics
 from recoverd.errors import (
     ConfigError,
     EtcdAccessDenied,
@@ -325,6 +326,34 @@ def _prefix_end(prefix: bytes) -> bytes:
     return b"\0"
 
 
+def _timed(op: str | None = None) -> Callable[[Callable[..., Awaitable[T]]], Callable[..., Awaitable[T]]]:
+    """Time an etcd request (``recoverd_etcd_request_seconds``) and count its failures by kind;
+    ``op`` None: the method's first argument names the operation."""
+
+    def wrap(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+        @functools.wraps(method)
+        async def timed(self: Any, *args: Any, **kwargs: Any) -> T:
+            name = op or str(args[0])
+            started = time.perf_counter()
+            try:
+                return await method(self, *args, **kwargs)
+            except EtcdAccessDenied:
+                metrics.ETCD_ERRORS.labels(name, "denied").inc()
+                raise
+            except EtcdUnavailable:
+                metrics.ETCD_ERRORS.labels(name, "unavailable").inc()
+                raise
+            except EtcdRefused:
+                metrics.ETCD_ERRORS.labels(name, "refused").inc()
+                raise
+            finally:
+                metrics.ETCD_SECONDS.labels(name).observe(time.perf_counter() - started)
+
+        return timed
+
+    return wrap
+
+
 class _State(Enum):
     UNOPENED = "unopened"
     OPEN = "open"
@@ -519,6 +548,7 @@ class Store:
             with contextlib.suppress(Exception):
                 await _bounded(client.close(), limit_s=1.0)
 
+    @_timed()
     async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         client = await self._get_client()
         try:
@@ -611,6 +641,7 @@ class Store:
                 return Snapshot(revision, kvs)
             key = response.kvs[-1].key + b"\0"
 
+    @_timed("range")
     async def _range_page(self, key: bytes, end: bytes, revision: int, keys_only: bool) -> Any:
         """One page of a range read; shrinks ``page_keys`` while the answer is too large."""
         client = await self._get_client()
@@ -669,6 +700,7 @@ class Store:
             ),
         )
 
+    @_timed()
     async def _unary(self, name: str, call: Callable[[Any], Awaitable[Any]]) -> Any:
         """One unary gRPC call on the current connection, its errors sorted as every call's are."""
         client = await self._get_client()
@@ -698,6 +730,7 @@ class Store:
         result = await self._call("delete_prefix", _raw(prefix))
         return int(getattr(result, "deleted", 0))
 
+    @_timed("txn")
     async def txn(self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()) -> TxnResult:
         """Apply ``success`` atomically if every compare holds, else ``failure``.
 
@@ -820,6 +853,7 @@ class Store:
                 delay = self.watch_retry_s
                 if resync is not None:
                     reason, resync = resync, None
+                    metrics.WATCH_RESYNCS.labels("compacted" if "compact" in reason else "reconnect").inc()
                     yield Resync(reason)
                 async for event in watch:
                     kv = event.kv

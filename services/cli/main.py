@@ -31,7 +31,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 from recoverd import __version__, etcd_security, tlsdir
 from recoverd.agent.agent import AgentSettings, NodeAgent, become_subreaper
@@ -45,6 +45,7 @@ from recoverd.etcd_security import EtcdSecurity
 from recoverd.etcd_server import EmbeddedEtcd, ServerTLS
 from recoverd.gateway import server as gateway_server
 from recoverd.keys import DEFAULT_PREFIX, Keyspace, check_id
+from recoverd.metrics import Health, MetricsServer
 from recoverd.policy import load_policy
 from recoverd.records import pb
 from recoverd.store import Store, parse_endpoints
@@ -80,6 +81,14 @@ def _add_common(parser: argparse.ArgumentParser, *, etcd_required: bool) -> None
         help="key prefix in etcd (default: $RECOVERD_PREFIX or %(default)s)",
     )
     parser.add_argument("--log-level", default=os.environ.get("RECOVERD_LOG_LEVEL", "INFO"), help="%(default)s")
+    parser.add_argument(
+        "--metrics-port",
+        type=non_negative(int),
+        default=int(os.environ.get("RECOVERD_METRICS_PORT") or 0),
+        metavar="PORT",
+        help="serve Prometheus /metrics, /healthz and /readyz on this port (default: $RECOVERD_METRICS_PORT,"
+        " else 0: off; docs/operations.md)",
+    )
     etcd_security.add_arguments(parser)
 
 
@@ -417,6 +426,31 @@ def _dump_tasks() -> None:
     sys.stderr.flush()
 
 
+@contextlib.asynccontextmanager
+async def _serving_metrics(
+    args: argparse.Namespace, store: Store, keys: Keyspace, *, leader: bool
+) -> AsyncIterator[None]:
+    """``--metrics-port``: /metrics, /healthz, /readyz for as long as the service runs. Ready
+    means etcd answers (and, where a coordinator runs, a leader is known)."""
+    if not args.metrics_port:
+        yield
+        return
+
+    async def leader_known() -> bool:
+        return await store.get(keys.leader()) is not None
+
+    health = Health(store.revision, leader_known if leader else None)
+    server = MetricsServer(args.metrics_port, health).start()
+    task = asyncio.create_task(health.run(), name="health")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        server.close()
+
+
 def _warn_rank_credentials(security: EtcdSecurity) -> None:
     """Ranks get paths, never a password: with a password from the environment they get none."""
     if security.user and not security.password_file:
@@ -440,21 +474,26 @@ async def _main_async(args: argparse.Namespace) -> int:
         )
         async with Store(args.etcd, security=security) as store:
             await store.verify()  # wrong CA, expired certificate, wrong password: exit 2 before any write
-            if args.cmd == "gateway":
-                return await _serve_gateway(store, keys, args)
-            if settings is not None:
-                _warn_rank_credentials(security)
-                become_subreaper()
-                return await NodeAgent(store, keys, settings).run()
-            return await _serve(
-                store, keys, args, coordinator=args.cmd == "coordinator", strategy=args.cmd == "strategy"
-            )
+            async with _serving_metrics(args, store, keys, leader=args.cmd == "coordinator"):
+                if args.cmd == "gateway":
+                    return await _serve_gateway(store, keys, args)
+                if settings is not None:
+                    _warn_rank_credentials(security)
+                    become_subreaper()
+                    return await NodeAgent(store, keys, settings).run()
+                return await _serve(
+                    store, keys, args, coordinator=args.cmd == "coordinator", strategy=args.cmd == "strategy"
+                )
     job = getattr(args, "job", None) or f"job-{os.getpid()}"
     if args.cmd == "run":
         _agent_settings(args, "", job, 1, 0)  # bad input is refused before anything is started
     etcd = _Etcd(args)
     security = etcd.security()
-    async with etcd as endpoint, Store(endpoint, security=security) as store:
+    async with (
+        etcd as endpoint,
+        Store(endpoint, security=security) as store,
+        _serving_metrics(args, store, keys, leader=True),
+    ):
         await store.verify()
         if args.cmd == "up":
             exports = f"RECOVERD_ETCD={endpoint}"

@@ -18,6 +18,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 
+from recoverd import metrics
 from recoverd.aiotools import leaf_errors
 from recoverd.errors import FenceLost, RecoverdError
 from recoverd.keys import Keyspace
@@ -55,6 +56,8 @@ class Leadership:
                         self.value = value
                         log.info("coordinator %s is the leader", self.identity)
                         self.is_leader.set()
+                        metrics.LEADER.set(1)
+                        metrics.LEADER_CHANGES.labels("gained").inc()
                         await lead(lease.lost)
                     else:
                         await self._wait_for_vacancy(lease.lost)
@@ -64,6 +67,9 @@ class Leadership:
                 log.warning("coordinator %s: %s; retrying", self.identity, err)
                 await asyncio.sleep(min(1.0, self.lease_ttl_s / 3))
             finally:
+                if self.is_leader.is_set():
+                    metrics.LEADER_CHANGES.labels("lost").inc()
+                metrics.LEADER.set(0)
                 self.is_leader.clear()
                 self.value = b""
 

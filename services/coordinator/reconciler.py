@@ -33,6 +33,7 @@ import time
 from recoverd import events
 from recoverd.aiotools import supervised_group
 from recoverd.controller import JobController
+from recoverd.coordinator import telemetry
 from recoverd.coordinator.badkeys import BadKeys
 from recoverd.coordinator.commit import commit
 from recoverd.coordinator.fold import Fold
@@ -112,8 +113,8 @@ class Coordinator:
         fold.load_recovery()
         fold.fold_inputs()
         fold.write()
-        if fold.ops or fold.ev:
-            await self._commit(view, fold.ops, fold.ev)
+        if (fold.ops or fold.ev) and await self._commit(view, fold.ops, fold.ev):
+            telemetry.record(telemetry.observe(fold.before, fold.rec, now))
         await self._follow_up(fold)
 
     async def _retire(self, fold: Fold, finished: float) -> None:
@@ -139,12 +140,13 @@ class Coordinator:
         if fold.has_closed:
             await events.prune(self.store, self.keys, fold.run, self.settings.event_cap)
 
-    async def _commit(self, view: JobView, ops: list[Op], ev: list[Put]) -> None:
+    async def _commit(self, view: JobView, ops: list[Op], ev: list[Put]) -> bool:
         """Commit one pass's writes (``commit.commit``); a pass the job changed under is queued to
-        run again on a fresh read."""
+        run again on a fresh read (False)."""
         assert view.spec is not None
         written = await commit(self.store, self.keys, self.leadership, view, ops, ev)
         if written is None:
             self._jobs.queue.add(view.spec.name)
-        else:
-            self._jobs.written(view.spec.name, written)
+            return False
+        self._jobs.written(view.spec.name, written)
+        return True

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from recoverd.argtypes import lease_ttl, positive
 from recoverd.errors import ConfigError
@@ -30,6 +31,9 @@ from .service import GatewaySettings, RecoverService
 __all__ = ["SERVER_OPTIONS", "Gateway", "add_arguments", "settings_from_args"]
 
 log = logging.getLogger(__name__)
+
+#: MindCluster's service name, as the gRPC health service reports it (besides "" for the server).
+RECOVER_SERVICE = "Recover"
 
 SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.keepalive_permit_without_calls", 1),
@@ -60,6 +64,7 @@ class Gateway:
         self.settings = settings
         self.service = RecoverService(store, keys, settings)
         self.port = 0
+        self.health: health.aio.HealthServicer | None = None
         self._server: grpc.aio.Server | None = None
         self._state = _State.UNOPENED
 
@@ -69,6 +74,9 @@ class Gateway:
         self._state = _State.OPEN
         server = grpc.aio.server(options=list(SERVER_OPTIONS))
         recover_pb2_grpc.add_RecoverServicer_to_server(self.service, server)
+        # The standard gRPC health service (grpc.health.v1): load balancers and `grpc_health_probe`.
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         try:
             credentials = server_credentials(self.settings)
             if credentials is None:
@@ -80,6 +88,8 @@ class Gateway:
         if not self.port:
             raise ConfigError(f"cannot listen on {self.settings.listen} (in use, or not a host:port)")
         await server.start()
+        for name in ("", RECOVER_SERVICE):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._server = server
         log.info(
             "recoverd gateway listening on %s (port %d, %s)",
@@ -101,6 +111,8 @@ class Gateway:
         async with asyncio.timeout(self.settings.shutdown_grace_s + self.settings.call_timeout_s + 5):
             # Sessions first: that ends every subscription stream at once (UNAVAILABLE) instead of
             # after the grace, and Register is refused meanwhile; then the unary calls drain.
+            if self.health is not None:
+                await self.health.enter_graceful_shutdown()
             await self.service.aclose()
             if server is not None:
                 await server.stop(self.settings.shutdown_grace_s)

@@ -41,7 +41,7 @@ import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from recoverd import events, participants, resetjson
+from recoverd import events, metrics, participants, resetjson
 from recoverd.agent import resetfile
 from recoverd.agent.detectors import DETECTORS, Detected, Detector, ExitDetector, fault_id, mindcluster_fault_type
 from recoverd.agent.detectors.progress_socket import address_for
@@ -110,6 +110,18 @@ def become_subreaper() -> bool:
         return int(libc.prctl(36, 1, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
+
+
+def _export_rank_gauges(job: str, node: str, record: pb.NodeRanks) -> None:
+    """``recoverd_agent_ranks{state}`` and ``recoverd_agent_warm_spares`` from the table it writes."""
+    counts = dict.fromkeys(pb.RankState.keys(), 0)
+    for status in record.ranks:
+        counts[pb.RankState.Name(status.state)] += 1
+    for state, count in counts.items():
+        if state == "RANK_STATE_UNSPECIFIED":
+            continue
+        metrics.RANKS.labels(job, node, state.removeprefix("RANK_").lower()).set(count)
+    metrics.WARM_SPARES.labels(job, node).set(len(record.warm_spare_pids))
 
 
 class NodeAgent:
@@ -603,7 +615,9 @@ class NodeAgent:
         self.outbox.mark_dirty()
 
     def _rank_table_record(self) -> pb.NodeRanks:
-        return self.table.to_pb(self._warm.pids if self._warm is not None else ())
+        record = self.table.to_pb(self._warm.pids if self._warm is not None else ())
+        _export_rank_gauges(self.settings.job, self.settings.node, record)
+        return record
 
     # ---------------------------------------------------------------- reacting
     async def _watch(self) -> None:

@@ -1,13 +1,12 @@
 """Every Prometheus metric recoverd exports, and the port that serves them (docs/operations.md).
 
-One module owns the names: services record into these objects, and ``serve`` exposes them with
+One module owns the names: services record into these objects, and :class:`MetricsServer` exposes them with
 ``/healthz`` and ``/readyz`` on ``--metrics-port``. Every service of one process (``recoverd run``
 and ``up`` run several) shares one registry and one port.
 
 * ``/metrics``: the Prometheus text format.
-* ``/healthz``: 200 while the process runs its event loop (it answers from a thread, so a wedged
-  loop shows as a stale ``recoverd_loop_lag_seconds`` rather than a dead endpoint... and as
-  unhealthy once the loop's heartbeat is older than :data:`LOOP_STALE_S`).
+* ``/healthz``: 200 while the event loop turns (its heartbeat is younger than :data:`LOOP_STALE_S`);
+  it answers from a thread, so a wedged loop shows as 503 instead of a hung endpoint.
 * ``/readyz``: 200 when etcd answered the last probe (a Status call, every ``probe_s``) and, for a
   coordinator, a leader is known; 503 with the reason otherwise.
 

@@ -48,3 +48,18 @@ def test_a_new_recovery_after_a_closed_one_starts_afresh() -> None:
     new = _rec((Phase.COLLECTING, 200.0), recovery_id=2, faults=(dataclasses.replace(FAULT, fault_id="f2"),))
     seen = observe(old, new, now=200.1)
     assert seen.phases == () and len(seen.faults) == 1 and seen.closed is None
+
+
+def test_the_grafana_dashboard_uses_only_metrics_recoverd_exports() -> None:
+    import json
+    import re
+    from pathlib import Path
+
+    from recoverd.metrics import REGISTRY
+
+    exported = {m.name for m in REGISTRY.collect()}
+    dashboard = json.loads((Path(__file__).parents[2] / "deploy" / "grafana" / "recoverd-dashboard.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    used = {re.sub(r"_(bucket|sum|count|total)$", "", name) for e in exprs for name in re.findall(r"recoverd_\w+", e)}
+    assert used and used <= {re.sub(r"_total$", "", n) for n in exported}, used - exported
+    assert {re.sub(r"_total$", "", n) for n in exported} <= used  # every metric has a panel

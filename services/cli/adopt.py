@@ -28,7 +28,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from recoverd import etcd_security
+from recoverd import etcd_security, logs
 from recoverd.agent.adopt import AdoptRuntime, Captured, capture
 from recoverd.agent.agent import EXIT_SIGINT, AgentSettings, NodeAgent, become_subreaper
 from recoverd.agent.runtime import OnExit
@@ -102,6 +102,13 @@ def build_parser(prog: str = "recoverd adopt") -> argparse.ArgumentParser:
     parser.add_argument("--reset-json", default=None, help="a device plugin's reset.json to turn into faults")
     parser.add_argument("--nvml", choices=NVML_MODES, default="auto", help=NVML_HELP)
     parser.add_argument("--log-level", default=os.environ.get("RECOVERD_LOG_LEVEL", "INFO"))
+    parser.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        default=os.environ.get("RECOVERD_LOG_FORMAT") or "text",
+        help="text, or json: one object per line with job, run, node, rank, epoch (default: $RECOVERD_LOG_FORMAT"
+        " or %(default)s)",
+    )
     etcd_security.add_arguments(parser)
     return parser
 
@@ -158,10 +165,7 @@ async def _run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None, prog: str = "recoverd adopt") -> None:
     args = build_parser(prog).parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logs.setup(args.log_level, args.log_format)
     try:
         code = asyncio.run(_run(args))
     except RecoverdError as err:

@@ -33,7 +33,7 @@ import socket
 import sys
 from collections.abc import AsyncIterator, Sequence
 
-from recoverd import __version__, etcd_security, tlsdir
+from recoverd import __version__, etcd_security, logs, tlsdir
 from recoverd.agent.agent import AgentSettings, NodeAgent, become_subreaper
 from recoverd.agent.settings import DEFAULT_LEASE_TTL_S, NVML_HELP, NVML_MODES
 from recoverd.argtypes import lease_ttl, non_negative, positive
@@ -81,6 +81,13 @@ def _add_common(parser: argparse.ArgumentParser, *, etcd_required: bool) -> None
         help="key prefix in etcd (default: $RECOVERD_PREFIX or %(default)s)",
     )
     parser.add_argument("--log-level", default=os.environ.get("RECOVERD_LOG_LEVEL", "INFO"), help="%(default)s")
+    parser.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        default=os.environ.get("RECOVERD_LOG_FORMAT") or "text",
+        help="text, or json: one object per line with job, run, node, rank, epoch (default: $RECOVERD_LOG_FORMAT"
+        " or %(default)s)",
+    )
     parser.add_argument(
         "--metrics-port",
         type=non_negative(int),
@@ -478,6 +485,7 @@ async def _main_async(args: argparse.Namespace) -> int:
                 if args.cmd == "gateway":
                     return await _serve_gateway(store, keys, args)
                 if settings is not None:
+                    logs.bind(job=settings.job, node=settings.node)
                     _warn_rank_credentials(security)
                     become_subreaper()
                     return await NodeAgent(store, keys, settings).run()
@@ -506,6 +514,7 @@ async def _main_async(args: argparse.Namespace) -> int:
             return await _serve(store, keys, args, coordinator=True, strategy=True)
         become_subreaper()
         settings = _agent_settings(args, endpoint, job, 1, 0)
+        logs.bind(job=job, node=settings.node)
         print(
             f"recoverd run: job {job}, {settings.nproc_per_node} rank(s), etcd {endpoint}, logs in {settings.log_dir}",
             flush=True,
@@ -532,10 +541,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         adopt.main(argv[1:])
         return
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logs.setup(args.log_level, args.log_format)
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     try:
         code = asyncio.run(_main_async(args))

@@ -30,7 +30,7 @@ import asyncio
 import logging
 import time
 
-from recoverd import events
+from recoverd import events, logs
 from recoverd.aiotools import supervised_group
 from recoverd.controller import JobController
 from recoverd.coordinator import telemetry
@@ -96,7 +96,11 @@ class Coordinator:
     # ---------------------------------------------------------------- one pass
     async def reconcile(self, job: str) -> None:
         """Bring one job one step closer to its desired state; safe to run any number of times."""
-        view = await self._jobs.view(job)  # from the watch, as of the last event (docs/adr/0029)
+        view = await self._jobs.view(job)
+        with logs.bound(job=job, run=view.run.uid if view.run is not None else None):
+            await self._reconcile(job, view)
+
+    async def _reconcile(self, job: str, view: JobView) -> None:  # from the watch, as of the last event (docs/adr/0029)
         now = time.time()
         if view.spec is None or view.run is None:
             if view.spec_error:

@@ -610,7 +610,7 @@ class NodeAgent:
             log.info("rank %d (pid %d) finished", slot.rank, proc.pid)
         else:
             slot.state = pb.RANK_FAILED
-            log.warning("rank %d (pid %d) failed: %s", slot.rank, proc.pid, info.describe())
+            log.warning("rank %d (pid %d) failed: %s", slot.rank, proc.pid, info.describe(), extra={"rank": slot.rank})
             self._exits.exited(slot, info)
         self.outbox.mark_dirty()
 

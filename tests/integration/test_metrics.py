@@ -7,6 +7,7 @@ prometheus-client's own parser.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -141,3 +142,22 @@ def test_a_busy_metrics_port_is_a_clear_error(cluster: Cluster) -> None:
         proc = cluster.spawn("strategy", ["strategy", "--etcd", cluster.endpoint, "--metrics-port", str(port)])
         assert proc.wait(timeout=30) == 2
     assert f"cannot serve metrics on 0.0.0.0:{port}" in open(proc.log_path).read()  # type: ignore[attr-defined]
+
+
+def test_an_agent_logs_json_lines_with_its_job_node_and_rank(cluster: Cluster) -> None:
+    cluster.coordinator()
+    cluster.strategy()
+    proc = cluster.agent(
+        "job-json", nproc=2, strategies="exit", worker=("--steps", "2", "--step-time", "0.05", "--fail-rank", "1"),
+        extra=["--log-format", "json", "--max-job-restarts", "1"],
+    )  # fmt: skip
+    proc.wait(timeout=60)
+    lines = [json.loads(x) for x in open(proc.log_path).read().splitlines() if x.startswith("{")]  # type: ignore[attr-defined]
+    assert lines and all({"time", "level", "logger", "message"} <= set(x) for x in lines)
+    assert all(
+        (x.get("job"), x.get("node")) == ("job-json", "node0")
+        for x in lines
+        if x["logger"].startswith("recoverd.agent")
+    )
+    failed = [x for x in lines if "failed" in x["message"] and x.get("rank") == 1]
+    assert failed, lines[-5:]

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -33,7 +34,7 @@ import socket
 import sys
 from collections.abc import AsyncIterator, Sequence
 
-from recoverd import __version__, etcd_security, logs, tlsdir
+from recoverd import __version__, config, etcd_security, logs, tlsdir
 from recoverd.agent.agent import AgentSettings, NodeAgent, become_subreaper
 from recoverd.agent.settings import DEFAULT_LEASE_TTL_S, NVML_HELP, NVML_MODES
 from recoverd.argtypes import lease_ttl, non_negative, positive
@@ -95,6 +96,13 @@ def _add_common(parser: argparse.ArgumentParser, *, etcd_required: bool) -> None
         metavar="PORT",
         help="serve Prometheus /metrics, /healthz and /readyz on this port (default: $RECOVERD_METRICS_PORT,"
         " else 0: off; docs/operations.md)",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        default=os.environ.get("RECOVERD_CONFIG"),
+        help="a YAML file of flag values (docs/configuration.md): flag > $RECOVERD_<FLAG> > file > default;"
+        " `recoverd config show COMMAND` prints the result",
     )
     etcd_security.add_arguments(parser)
 
@@ -258,7 +266,50 @@ def build_parser() -> argparse.ArgumentParser:
     gateway = sub.add_parser("gateway", help="the Recover gRPC gateway for unmodified MindCluster clients")
     _add_common(gateway, etcd_required=True)
     gateway_server.add_arguments(gateway)
+
+    config = sub.add_parser("config", help="show the effective configuration of a command (docs/configuration.md)")
+    config_sub = config.add_subparsers(dest="config_cmd", required=True, metavar="ACTION")
+    show = config_sub.add_parser("show", help="every flag of COMMAND: its value and where it came from")
+    show.add_argument("command", choices=CONFIGURABLE, metavar="COMMAND", help=", ".join(CONFIGURABLE))
+    show.add_argument("--config", metavar="FILE", default=os.environ.get("RECOVERD_CONFIG"), help="the YAML file")
+    show.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
+
+
+CONFIGURABLE = ("run", "up", "coordinator", "strategy", "agent", "gateway")
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _configured(parser: argparse.ArgumentParser, command: str, config_path: str | None) -> list[config.Setting]:
+    """Apply $RECOVERD_<FLAG> and the --config file to ``command``'s parser (``recoverd.config``)."""
+    commands = _subcommands(parser)
+    all_flags = [a.dest for name in CONFIGURABLE for a in commands[name]._actions if a.option_strings]
+    return config.resolve(
+        commands[command], command, config_path=config_path, all_flags=all_flags, commands=CONFIGURABLE
+    )
+
+
+def _config_path(argv: Sequence[str]) -> str | None:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", default=os.environ.get("RECOVERD_CONFIG"))
+    return pre.parse_known_args(list(argv))[0].config
+
+
+def _show_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    settings = _configured(parser, args.command, args.config)
+    if args.json:
+        print(json.dumps([{"flag": s.flag, "value": s.value, "source": s.source} for s in settings], indent=2))
+        return 0
+    width = max(len(s.flag) for s in settings)
+    for s in settings:
+        print(f"{s.flag:<{width}}  {s.value!r:<40}  # {s.source}")
+    return 0
 
 
 def _coordinator_settings(args: argparse.Namespace) -> CoordinatorSettings:
@@ -540,7 +591,17 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         adopt.main(argv[1:])
         return
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    command = next((a for a in argv if not a.startswith("-")), "")
+    try:
+        if command in CONFIGURABLE:
+            _configured(parser, command, _config_path(argv[argv.index(command) + 1 :]))
+        args = parser.parse_args(argv)
+        if args.cmd == "config":
+            sys.exit(_show_config(parser, args))
+    except RecoverdError as err:
+        print(f"recoverd: error: {err}", file=sys.stderr)
+        sys.exit(2)
     logs.setup(args.log_level, args.log_format)
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     try:

@@ -77,6 +77,8 @@ class JobView:
     reports: dict[str, pb.Report] = field(default_factory=dict)
     decisions: dict[int, pb.Decision] = field(default_factory=dict)
     commands: dict[str, pb.Command] = field(default_factory=dict)
+    #: node -> the drill pending for its agent (``recoverctl inject``).
+    drills: dict[str, pb.Drill] = field(default_factory=dict)
     acks: dict[str, pb.CommandAck] = field(default_factory=dict)
     #: Signal keys, oldest (lowest sequence number) first.
     signals: list[str] = field(default_factory=list)
@@ -120,6 +122,7 @@ RECORD_CLASSES: dict[KeyKind, type] = {
     KeyKind.COMMAND: pb.Command,
     KeyKind.ACK: pb.CommandAck,
     KeyKind.SIGNAL: pb.Signal,
+    KeyKind.DRILL: pb.Drill,
 }
 
 
@@ -323,6 +326,8 @@ def build_view(keys: Keyspace, job: str, kvs: Any, revision: int, memo: DecodeMe
             view.commands[ref.name] = msg
         elif ref.kind is KeyKind.ACK:
             view.acks[ref.name] = msg
+        elif ref.kind is KeyKind.DRILL:
+            view.drills[ref.name] = msg
         elif ref.kind is KeyKind.SIGNAL:
             signals.append((sequence_of(ref), kv.key))
             view.signal_epoch = max(view.signal_epoch, msg.epoch)

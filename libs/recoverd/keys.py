@@ -88,6 +88,7 @@ class KeyKind(StrEnum):
     COMMAND = "commands"
     ACK = "acks"
     SIGNAL = "signals"
+    DRILL = "drills"
     EVENT = "events"
 
 
@@ -101,6 +102,7 @@ _RUN_COLLECTIONS = {
     KeyKind.COMMAND,
     KeyKind.ACK,
     KeyKind.SIGNAL,
+    KeyKind.DRILL,
 }
 
 
@@ -211,6 +213,13 @@ class Keyspace:
 
     def signal(self, run: RunRef, seq: int) -> str:
         return f"{self.signals_prefix(run)}{int(seq):0{_SEQ_WIDTH}d}"
+
+    def drills_prefix(self, run: RunRef) -> str:
+        return f"{self.run_prefix(run)}drills/"
+
+    def drill(self, run: RunRef, node: str) -> str:
+        """The drill pending for ``node``'s agent (``recoverctl inject``)."""
+        return f"{self.drills_prefix(run)}{check_id('node', node)}"
 
     # ---------------------------------------------------------------- events
     def events_prefix(self, run: RunRef) -> str:

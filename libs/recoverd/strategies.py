@@ -16,6 +16,7 @@ __all__ = [
     "AGENT_STRATEGIES",
     "ALL_STRATEGIES",
     "CHEAPER_THAN_EXIT",
+    "DRAIN_KIND",
     "NODE_WIDE",
     "RESTARTS_FAULTY_RANKS",
     "TRAITS",
@@ -51,6 +52,8 @@ TRAITS: dict[str, Traits] = {
 }
 
 ALL_STRATEGIES: tuple[str, ...] = tuple(TRAITS)
+#: The fault kind of ``recoverctl drain``: its node's ranks must move (``recover``), never restart there.
+DRAIN_KIND = "drain"
 #: Strategies cheaper than `exit`. A phase that cannot complete rules them all out, leaving `exit`.
 CHEAPER_THAN_EXIT: tuple[str, ...] = tuple(s for s in ALL_STRATEGIES if s != "exit")
 RESTARTS_FAULTY_RANKS = frozenset(s for s, t in TRAITS.items() if t.restarts_faulty_ranks)

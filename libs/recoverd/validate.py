@@ -37,6 +37,7 @@ from recoverd.records import pb
 from recoverd.strategies import ALL_STRATEGIES
 
 __all__ = [
+    "DRILL_KINDS",
     "MAX_OWN_VALUE_BYTES",
     "MAX_VALUE_BYTES",
     "JobFrame",
@@ -55,6 +56,8 @@ MAX_VALUE_BYTES = 256 * 1024
 MAX_OWN_VALUE_BYTES = 1024 * 1024
 _OWN = {KeyKind.RECOVERY, KeyKind.HISTORY, KeyKind.STATUS, KeyKind.JOB_SPEC}
 _MAX_WORLD = 1 << 24
+#: What ``recoverctl inject`` can ask an agent to do to a rank.
+DRILL_KINDS = ("kill", "exit", "hang")
 _MAX_SEQ = 10**15
 
 
@@ -205,6 +208,11 @@ def check_record(ref: KeyRef, msg: Message, lease: int, frame: JobFrame) -> None
         _positive(m.epoch, "ack epoch")
         if not 0 <= m.seq <= _MAX_SEQ:
             raise BadRecord(f"ack seq {m.seq} is out of range")
+    elif kind is KeyKind.DRILL:
+        check_id("drill", m.drill_id)
+        _ranks([m.rank], frame, f"drill {m.drill_id}")
+        if m.kind not in DRILL_KINDS:
+            raise BadRecord(f"drill {m.drill_id} kind {printable(m.kind)!r}: one of {', '.join(DRILL_KINDS)}")
     elif kind is KeyKind.SIGNAL:
         _named(str(m.seq), str(sequence_of(ref)), "signal seq")
         _positive(m.epoch, "signal epoch")

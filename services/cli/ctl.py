@@ -36,7 +36,7 @@ import yaml
 from google.protobuf import json_format
 
 from recoverd import etcd_security, hangstacks
-from recoverd.cli import auth
+from recoverd.cli import auth, drills
 from recoverd.errors import ConfigError, RecoverdError
 from recoverd.jobview import JobView, idle_spares, read_job
 from recoverd.keys import DEFAULT_PREFIX, Keyspace, RunRef, printable
@@ -338,6 +338,10 @@ async def _run(args: argparse.Namespace) -> int:
         await store.verify()
         if args.cmd == "auth":
             return await auth.run(store, keys, args)
+        if args.cmd in ("inject", "drain"):
+            result = await drills.run(store, keys, args)
+            print(json.dumps(result, indent=2) if args.json else drills.describe(result))
+            return 0 if result.get("taken", True) else 1
         if args.cmd == "policy":
             return await _policy(store, keys, args)
         view = await _view(store, keys, args.job)
@@ -417,6 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     set_.add_argument("job")
     set_.add_argument("file")
     auth.add_parser(sub)
+    drills.add_parsers(sub)
     return parser
 
 

@@ -7,7 +7,12 @@ from recoverd.records import pb, ts_from_s, ts_to_s
 
 __all__ = ["fault_from_pb", "fault_to_pb", "recovery_from_pb", "recovery_to_pb"]
 
-_SOURCES = {pb.SOURCE_AGENT: "agent", pb.SOURCE_CLIENT: "client", pb.SOURCE_LEASE: "lease"}
+_SOURCES = {
+    pb.SOURCE_AGENT: "agent",
+    pb.SOURCE_CLIENT: "client",
+    pb.SOURCE_LEASE: "lease",
+    pb.SOURCE_OPERATOR: "operator",
+}
 _SOURCES_BACK = {v: k for k, v in _SOURCES.items()}
 
 

@@ -41,19 +41,24 @@ import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+import psutil
+
 from recoverd import events, metrics, participants, resetjson
 from recoverd.agent import resetfile
 from recoverd.agent.detectors import DETECTORS, Detected, Detector, ExitDetector, fault_id, mindcluster_fault_type
+from recoverd.agent.detectors.hang import HangDetector
 from recoverd.agent.detectors.progress_socket import address_for
 from recoverd.agent.detectors.runner import DetectorSet
 from recoverd.agent.launcher import (
     SPARE_RANK,
+    START_TIME_SLACK_S,
     ExitInfo,
     FoundRank,
     Launcher,
     RankLaunch,
     RankProcess,
     find_rank_processes,
+    process_start_time,
 )
 from recoverd.agent.membership import Membership
 from recoverd.agent.outbox import Outbox
@@ -84,7 +89,7 @@ from recoverd.jobview import JobView, ranks_running_elsewhere, read_node_view
 from recoverd.keys import Keyspace, RunRef
 from recoverd.records import decode, encode, pb, ts_from_s
 from recoverd.resetjson import ResetState
-from recoverd.store import Put, Store
+from recoverd.store import Delete, Put, Store
 from recoverd.strategies import AGENT_STRATEGIES
 from recoverd.validate import report_kind_name
 
@@ -109,6 +114,14 @@ def become_subreaper() -> bool:
         libc = ctypes.CDLL(None, use_errno=True)
         return int(libc.prctl(36, 1, 0, 0, 0)) == 0
     except (OSError, AttributeError):
+        return False
+
+
+def _same_process(proc: RankProcess) -> bool:
+    """``proc``'s pid still names the process the agent started (pid plus start time)."""
+    try:
+        return abs(process_start_time(proc.pid) - proc.started_at) <= START_TIME_SLACK_S
+    except psutil.Error:
         return False
 
 
@@ -635,6 +648,7 @@ class NodeAgent:
             self.keys.command(run, self.settings.node),
             self.keys.node(run, self.settings.node),
             self.keys.job_spec(self.settings.job),
+            self.keys.drill(run, self.settings.node),
         )
         delay = self.settings.retry_s
         while True:
@@ -705,6 +719,9 @@ class NodeAgent:
         if self._check_spec:
             self._check_spec = False
             await self.membership.repair_spec()
+        drill = await self._get(self.keys.drill(run, self.settings.node), pb.Drill)
+        if isinstance(drill, pb.Drill):
+            await self._drill(run, drill)
         # The command first: the coordinator writes it with its recovery record in one transaction,
         # so the recovery read after it is at least as new (never "a command ahead of its recovery").
         found = await self._get(self.keys.command(run, self.settings.node), pb.Command)
@@ -729,6 +746,41 @@ class NodeAgent:
             self.detectors.recovery_changed(active)
         if isinstance(recovery, pb.Recovery):
             await self._answer(recovery)
+
+    async def _drill(self, run: RunRef, drill: pb.Drill) -> None:
+        """Carry out ``recoverctl inject``: the drill is consumed first (deleted, with an event, in
+        one fenced transaction), then the rank is signalled, so it happens at most once even if
+        this agent dies in between. Only a running rank this agent started is ever signalled; what
+        cannot be done is recorded as ``drill_refused`` and changes nothing."""
+        slot = self.table.slots.get(drill.rank)
+        proc = slot.proc if slot is not None else None
+        why = ""
+        if slot is None or proc is None or not slot.is_running:
+            why = f"rank {drill.rank} is not running on node {self.settings.node}"
+        elif drill.kind == "hang" and self.detectors.get(HangDetector) is None:
+            why = "a hang drill needs hang detection on this agent (it runs with --no-hang-detection)"
+        elif not _same_process(proc):
+            why = f"rank {drill.rank}'s pid {proc.pid} is another process now"
+        who = f" by {drill.requested_by}" if drill.requested_by else ""
+        text = f"drill {drill.drill_id}{who}: {drill.kind} rank {drill.rank}" + (f": refused, {why}" if why else "")
+        note = events.event_put(
+            self.keys, run, self.source, "drill_refused" if why else "drill", text, rank=drill.rank,
+            node=self.settings.node, data={"drill": drill.drill_id, "kind": drill.kind, "reason": drill.reason},
+        )  # fmt: skip
+        consumed = await self.store.txn(
+            self.membership.fence(), [Delete(self.keys.drill(run, self.settings.node)), note]
+        )
+        if not consumed.succeeded:
+            raise FenceLost(f"node {self.settings.node}: drill {drill.drill_id} not consumed: registration lost")
+        log.warning("agent %s: %s", self.settings.node, text, extra={"rank": drill.rank})
+        if why or proc is None:
+            return
+        sig = {"kill": signal.SIGKILL, "exit": signal.SIGTERM, "hang": signal.SIGSTOP}[drill.kind]
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if proc.pgid == proc.pid:  # its own group (ranks the agent started): the whole tree
+                os.killpg(proc.pgid, sig)
+            else:
+                os.kill(proc.pid, sig)
 
     def _is_current(self, command: pb.Command, recovery: object) -> bool:
         """A command is carried out only while the recovery record it belongs to awaits it: the

@@ -111,6 +111,8 @@ class Request:
     unplaced_ranks: tuple[int, ...] = ()
     #: Faulty nodes whose agent is gone (lease expired): nothing there can be restarted in place.
     lost_nodes: tuple[str, ...] = ()
+    #: Nodes an operator is draining (``recoverctl drain``): their ranks must move, never restart there.
+    drained_nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +195,8 @@ def _rule_out(strategy: str, request: Request, allowed: Sequence[str], implement
         return "not reported by every participant"
     if strategy == "retry" and not set(request.fault_types) <= _RETRYABLE_FAULT_TYPES:
         return "a fault is not retryable (only UCE '0' and HCCL '2' are)"
+    if strategy in ("recover-in-place", "retry") and request.drained_nodes:
+        return f"node(s) {list(request.drained_nodes)} being drained: their ranks must move off them"
     if strategy == "recover-in-place" and request.lost_nodes:
         return f"node(s) {list(request.lost_nodes)} lost: no agent there to restart ranks in place"
     if strategy == "recover-in-place" and not policy.allow_rank0_in_place and _rank0_node_faulty(request):

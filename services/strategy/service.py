@@ -23,6 +23,7 @@ from recoverd.jobview import idle_spares, node_of_rank, read_job
 from recoverd.keys import Keyspace, RunRef
 from recoverd.records import encode, pb, ts_from_s, ts_to_s
 from recoverd.store import Absent, Put, Store
+from recoverd.strategies import DRAIN_KIND
 from recoverd.strategy.selector import Outcome, PolicyView, Request, choose
 
 __all__ = ["StrategyService", "request_from_records"]
@@ -69,6 +70,7 @@ def request_from_records(
         rank0_node=rank0_node,
         spares=spares,
         lost_nodes=tuple(n for n in fault_nodes if live_nodes is not None and n not in live_nodes),
+        drained_nodes=tuple(sorted({f.node for f in recovery.faults if f.node and f.kind == DRAIN_KIND})),
         unplaced_ranks=tuple(sorted({f.rank for f in recovery.faults if not f.node})),
     )
 

@@ -32,6 +32,7 @@ class FaultSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SOURCE_AGENT: _ClassVar[FaultSource]
     SOURCE_CLIENT: _ClassVar[FaultSource]
     SOURCE_LEASE: _ClassVar[FaultSource]
+    SOURCE_OPERATOR: _ClassVar[FaultSource]
 
 class ReportKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -73,6 +74,7 @@ FAULT_SOURCE_UNSPECIFIED: FaultSource
 SOURCE_AGENT: FaultSource
 SOURCE_CLIENT: FaultSource
 SOURCE_LEASE: FaultSource
+SOURCE_OPERATOR: FaultSource
 REPORT_KIND_UNSPECIFIED: ReportKind
 REPORT_STOP_COMPLETE: ReportKind
 REPORT_STRATEGIES: ReportKind
@@ -488,6 +490,22 @@ class Command(_message.Message):
     strategy: str
     issued_at: _timestamp_pb2.Timestamp
     def __init__(self, epoch: _Optional[int] = ..., seq: _Optional[int] = ..., action: _Optional[_Union[CommandAction, str]] = ..., ranks: _Optional[_Iterable[int]] = ..., strategy: _Optional[str] = ..., issued_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class Drill(_message.Message):
+    __slots__ = ("drill_id", "rank", "kind", "requested_by", "requested_at", "reason")
+    DRILL_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_AT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    drill_id: str
+    rank: int
+    kind: str
+    requested_by: str
+    requested_at: _timestamp_pb2.Timestamp
+    reason: str
+    def __init__(self, drill_id: _Optional[str] = ..., rank: _Optional[int] = ..., kind: _Optional[str] = ..., requested_by: _Optional[str] = ..., requested_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class CommandAck(_message.Message):
     __slots__ = ("epoch", "seq", "ok", "detail", "done_at", "pids")

@@ -221,6 +221,13 @@ LADDER_CASES = [
         "recover-in-place: no, node(s) ['n1'] lost: no agent there to restart ranks in place",
     ),
     (
+        "a drained node rules out retry and recover-in-place: recover to a spare",
+        ladder(fault_types=("0",), fault_nodes=("n1",), drained_nodes=("n1",), spares=("s0",)),
+        "recover",
+        ("recover", "elastic-training", "dump", "exit"),
+        "recover-in-place: no, node(s) ['n1'] being drained: their ranks must move off them",
+    ),
+    (
         "a faulty rank on an unknown node cannot be moved",
         ladder(policy=PolicyView(("recover", "exit")), unplaced_ranks=(2,), spares=("s0",)),
         "exit",

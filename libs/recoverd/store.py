@@ -336,7 +336,9 @@ def _timed(op: str | None = None) -> Callable[[Callable[..., Awaitable[T]]], Cal
             name = op or str(args[0])
             started = time.perf_counter()
             try:
-                return await method(self, *args, **kwargs)
+                result = await method(self, *args, **kwargs)
+                self._up.set()
+                return result
             except EtcdAccessDenied:
                 metrics.ETCD_ERRORS.labels(name, "denied").inc()
                 raise
@@ -404,6 +406,9 @@ class Store:
         self._warned_ttl: tuple[int, int] | None = None
         #: Dropped connections, closed once the calls still in flight on them had their time.
         self._retiring: set[asyncio.Task[None]] = set()
+        #: Set by every call that succeeds, cleared when a connection is dropped: a retry waiting
+        #: in :meth:`wait_retry` goes as soon as etcd answers anyone again.
+        self._up = asyncio.Event()
         self._state = _State.UNOPENED
 
     @property
@@ -535,11 +540,19 @@ class Store:
             return
         self._stop_version_check()
         self._client = None
+        self._up.clear()
         if len(self.endpoints) > 1:
             self._current = (self._current + 1) % len(self.endpoints)
         task = asyncio.get_running_loop().create_task(self._close_later(client), name="etcd-retire")
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
+
+    async def wait_retry(self, delay_s: float) -> None:
+        """Wait before retrying after a failure: ``delay_s``, or less, until a call of this store
+        succeeds again (etcd is back: a lease keep-alive retried every 50 ms sees it first)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay_s):
+                await self._up.wait()
 
     async def _close_later(self, client: Any) -> None:
         try:
@@ -873,9 +886,12 @@ class Store:
                 resync = "compacted"
             except _WATCH_OR_CANCEL_ERRORS as err:
                 _propagate_cancellation()  # this task's own cancellation; any other: a lost stream
-                log.info("watch on %s lost (%r); retrying in %.2fs", prefix, err, delay)
+                log.info("watch on %s lost (%r); retrying within %.2fs", prefix, err, delay)
                 await self._failover(client)
-                await asyncio.sleep(delay)
+                # At least the first delay (a watch failing on its own never spins), then until
+                # etcd answers any call again, at most the backed-off delay.
+                await asyncio.sleep(self.watch_retry_s)
+                await self.wait_retry(max(0.0, delay - self.watch_retry_s))
                 delay = min(delay * 2, self.watch_retry_max_s)
                 resync = resync or "reconnected"  # a pending "compacted" says more; keep it
             except aetcd_errors.ClientError as err:  # after its subclasses above: only the plain one

@@ -656,7 +656,8 @@ class NodeAgent:
                 start = await self.store.revision()
                 break
             except EtcdUnavailable:
-                await asyncio.sleep(delay)
+                await asyncio.sleep(self.settings.retry_s)
+                await self.store.wait_retry(delay - self.settings.retry_s)
                 delay = min(delay * 2, self.settings.retry_max_s)
         self._wake.set()
         async with asyncio.TaskGroup() as group:
@@ -690,8 +691,9 @@ class NodeAgent:
                 delay = min(delay * 2, self.settings.retry_max_s)
                 self._wake.set()
             except RecoverdError as err:
-                log.info("agent %s: %s; retrying in %.2fs", self.settings.node, err, delay)
-                await asyncio.sleep(delay)
+                log.info("agent %s: %s; retrying within %.2fs", self.settings.node, err, delay)
+                await asyncio.sleep(self.settings.retry_s)  # never spin; then as soon as etcd answers again
+                await self.store.wait_retry(delay - self.settings.retry_s)
                 delay = min(delay * 2, self.settings.retry_max_s)
                 self._wake.set()
 

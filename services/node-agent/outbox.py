@@ -169,7 +169,8 @@ class Outbox:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self._retry_max_s)
             except RecoverdError as err:  # unavailable, or a refusal (too many requests, no space)
-                log.info("agent %s: cannot publish (%s); retrying in %.2fs", self.node, err, delay)
+                log.info("agent %s: cannot publish (%s); retrying within %.2fs", self.node, err, delay)
                 self._dirty.set()
-                await asyncio.sleep(delay)
+                await asyncio.sleep(self._retry_s)  # never spin; then as soon as etcd answers again
+                await self.store.wait_retry(delay - self._retry_s)
                 delay = min(delay * 2, self._retry_max_s)

@@ -82,7 +82,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory, etcd_server) -> str:  # 
     return str(finals[0])
 
 
-@pytest.mark.parametrize("victim", [1, 0, 1, 0], ids=["rank1-a", "rank0-a", "rank1-b", "rank0-b"])
+# One run per victim (rank 0 hosts the store; rank 1 does not), each at a random step and moment;
+# the suite's time budget (6 minutes, docs/adr/0028) paid for two more of the same before.
+@pytest.mark.parametrize("victim", [1, 0], ids=["rank1", "rank0"])
 def test_a_killed_rank_is_replaced_and_the_survivors_carry_on(cluster: Cluster, reference: str, victim: int) -> None:
     job = f"job-ddp-{victim}-{random.randrange(10**6)}"
     cluster.coordinator()

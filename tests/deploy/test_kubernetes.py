@@ -236,11 +236,15 @@ def _check_pod(
         if "RECOVERD_ETCD" not in env:
             continue
         # A recoverd process: the TLS files are mounted, its metrics port is declared (where the
-        # probes go), and a label lets it through the NetworkPolicy to etcd.
+        # probes go; recoverd adopt has none, so no probe), and a label lets it through the
+        # NetworkPolicy to etcd.
         for var in ("RECOVERD_ETCD_CACERT", "RECOVERD_ETCD_CERT", "RECOVERD_ETCD_KEY"):
             assert any(env[var].startswith(path + "/") for path in mounts), f"{where}: {var} not mounted"
-        assert ports.get("metrics") == int(env["RECOVERD_METRICS_PORT"]), f"{where}: metrics port"
-        assert "readinessProbe" in container, f"{where}: no readiness probe on /readyz"
+        if "recoverd adopt" in " ".join(container.get("command") or []):
+            assert not ports and not any(probe in container for probe in ("livenessProbe", "readinessProbe")), where
+        else:
+            assert ports.get("metrics") == int(env["RECOVERD_METRICS_PORT"]), f"{where}: metrics port"
+            assert "readinessProbe" in container, f"{where}: no readiness probe on /readyz"
         labels = meta.get("labels") or {}
         assert labels.get("recoverd.io/client") == "true" or labels.get("app.kubernetes.io/part-of") == "recoverd", (
             f"{where}: the NetworkPolicy keeps it from etcd"

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import urllib.error
 import urllib.request
 
@@ -161,3 +162,35 @@ def test_an_agent_logs_json_lines_with_its_job_node_and_rank(cluster: Cluster) -
     )
     failed = [x for x in lines if "failed" in x["message"] and x.get("rank") == 1]
     assert failed, lines[-5:]
+
+
+def test_recoverd_run_serves_every_service_on_one_port(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cluster = Cluster("unused:1", "/run/v1", tmp_path)
+    try:
+        port = _free_port()
+        rank = [sys.executable, "-c", "import time; time.sleep(30)"]
+        cluster.spawn("run", ["run", "--prefix", "/run/v1", "--job", "one-port", "--nproc-per-node", "1",
+                              "--metrics-port", str(port), "--", *rank])  # fmt: skip
+        samples = cluster.wait_for(
+            "the agent's and the coordinator's metrics on one port",
+            lambda: (
+                (s := _samples_or_none(port)) is not None
+                and _value(s, "recoverd_agent_ranks", job="one-port", node=_node_name(s), state="running") == 1
+                and _value(s, "recoverd_coordinator_leader") == 1
+                and s
+            ),
+            timeout=30,
+        )
+        assert samples
+        assert cluster.wait_for("ready", lambda: _get(port, "/readyz")[0] == 200)
+    finally:
+        cluster.close()
+
+
+def _samples_or_none(port: int) -> dict | None:  # type: ignore[type-arg]
+    code, _ = _get(port, "/metrics")
+    return _samples(port) if code == 200 else None
+
+
+def _node_name(samples: dict) -> str:  # type: ignore[type-arg]
+    return next((dict(labels)["node"] for name, labels in samples if name == "recoverd_agent_ranks"), "")

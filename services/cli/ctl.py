@@ -1,23 +1,34 @@
-"""``recoverctl``: the operator's view of recoverd during an incident.
+"""``recoverctl``: the operator's view of recoverd during an incident (docs/incident.md).
 
-    recoverctl [--etcd URL] status JOB [--json]       ranks (node, pid, state, restarts) and the recovery phase
-    recoverctl [--etcd URL] events JOB [--json]       the event log, one line each, oldest first
+    recoverctl [--etcd URL] jobs [--json]             every job: state, ranks running, nodes, its recovery
+    recoverctl [--etcd URL] status JOB [--json] [--watch]
+                                                      ranks (node, pid, state, restarts) and the recovery
+                                                      phase; --watch: again on every change (etcd watch)
+                                                      until the job ends or Ctrl-C
+    recoverctl [--etcd URL] events JOB [--json] [--follow]
+                                                      the event log, one line each, oldest first;
+                                                      --follow: then each new event as it is written
     recoverctl [--etcd URL] decisions JOB [--json]    every strategy decision with its reasons
-    recoverctl [--etcd URL] timeline JOB [--json]     the last recovery phase by phase, with durations
+    recoverctl [--etcd URL] timeline JOB [--json] [--recovery N] [--plot FILE.png]
+                                                      the last recovery phase by phase, with durations
+                                                      (only the last one's phases are kept); --plot draws it
     recoverctl [--etcd URL] stacks JOB [--recovery N] [--rank R] [--json]
                                                       the Python stacks captured before a hung rank was
                                                       stopped (the last recovery with stacks, or N)
 
     recoverctl [--etcd URL] policy show JOB [--json]  the job's policy, in the policy file's form
     recoverctl [--etcd URL] policy set JOB FILE       validate FILE, then make it the job's policy
+    recoverctl completion bash|zsh                    a shell completion script (no etcd needed)
 
 Reads only, with one exception: ``policy set`` rewrites the job's spec record with the new policy,
 in one transaction that compares the spec key's mod revision (and value) with what it read, so a
-concurrent change makes it fail rather than be overwritten. It is the only write recoverctl makes;
-an invalid file writes nothing. ``--json`` prints machine-readable output (proto3 JSON field
-names). Exit status: 0 ok, 1 unknown job (or a job whose spec record is bad: the reason is
-printed), 2 bad usage, a bad policy file, bad input or etcd unreachable, 3 an internal error. Every
-failure is one line on stderr, never a traceback.
+concurrent change makes it fail rather than be overwritten. It is the only write recoverctl makes
+(besides ``auth``); an invalid file writes nothing. ``--json`` prints machine-readable output with
+the schemas of docs/recoverctl-schemas/ (records as stored: proto3 JSON field names). Exit status:
+0 ok (for ``status --watch``: the job ended), 1 not found (an unknown job, a job whose spec record
+is bad, a recovery whose phases are not kept: the reason is printed), 2 bad usage, a bad policy
+file, bad input, etcd unreachable or matplotlib missing for ``--plot``, 3 an internal error, 130
+Ctrl-C. Every failure is one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -33,18 +44,8 @@ from collections.abc import Sequence
 import yaml
 
 from recoverd import etcd_security
-from recoverd.cli import auth, drills
-from recoverd.cli.reads import UnknownJob, hangs, read_events, read_view
-from recoverd.cli.render import (
-    as_dict,
-    decision_lines,
-    format_event,
-    format_stacks,
-    format_status,
-    stacks_list,
-    status_dict,
-)
-from recoverd.cli.timeline import format_timeline, timeline_dict
+from recoverd.cli import auth, completion, drills, plot, readcmds
+from recoverd.cli.reads import NotFound, UnknownJob, read_view
 from recoverd.errors import ConfigError, RecoverdError
 from recoverd.keys import DEFAULT_PREFIX, Keyspace, printable
 from recoverd.policy import JobPolicy, load_policy, policy_dict
@@ -101,38 +102,7 @@ async def _run(args: argparse.Namespace) -> int:
             return 0 if result.get("taken", True) else 1
         if args.cmd == "policy":
             return await _policy(store, keys, args)
-        view = await read_view(store, keys, args.job)
-        assert view.run is not None
-        if args.cmd == "status":
-            data = status_dict(view)
-            print(json.dumps(data, indent=2) if args.json else format_status(data))
-        elif args.cmd == "events":
-            evs = await read_events(store, keys, view.run)
-            if args.json:
-                print(json.dumps([as_dict(e) for e in evs], indent=2))
-            else:
-                for event in evs:
-                    print(format_event(event))
-        elif args.cmd == "timeline":
-            timeline = timeline_dict(view, hangs(await read_events(store, keys, view.run)))
-            print(json.dumps(timeline, indent=2) if args.json else format_timeline(timeline))
-        elif args.cmd == "stacks":
-            found = stacks_list(hangs(await read_events(store, keys, view.run)), args.recovery, args.rank)
-            if args.json:
-                print(json.dumps(found, indent=2))
-            elif not found:
-                which = f" in recovery {args.recovery}" if args.recovery is not None else ""
-                print(f"no stacks recorded for job {args.job}{which}")
-            else:
-                print(format_stacks(found))
-        elif args.cmd == "decisions":
-            decisions = [view.decisions[e] for e in sorted(view.decisions)]
-            if args.json:
-                print(json.dumps([as_dict(d) for d in decisions], indent=2))
-            else:
-                for line in decision_lines(decisions):
-                    print(line)
-    return 0
+        return await readcmds.run(store, keys, args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -144,15 +114,37 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=5.0, help="etcd timeout in seconds (%(default)s)")
     etcd_security.add_arguments(parser)
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    jobs = sub.add_parser("jobs", help="every job under the prefix: state, ranks running, nodes, recovery")
+    jobs.add_argument("--json", action="store_true", help="machine-readable output")
+    commands: dict[str, argparse.ArgumentParser] = {}
     for name, text in (
         ("status", "ranks and the current recovery of a job"),
         ("events", "the event log of a job, oldest first"),
         ("decisions", "the strategy decisions of a job, with reasons"),
         ("timeline", "the last recovery of a job phase by phase, with durations"),
     ):
-        cmd = sub.add_parser(name, help=text)
+        cmd = commands[name] = sub.add_parser(name, help=text)
         cmd.add_argument("job")
-        cmd.add_argument("--json", action="store_true", help="machine-readable output")
+        cmd.add_argument(
+            "--json", action="store_true", help="machine-readable output (one object per line with --watch/--follow)"
+        )
+    commands["status"].add_argument(
+        "--watch",
+        action="store_true",
+        help="show it again on every change (an etcd watch, no polling) until the job ends (exit 0) or Ctrl-C (130)",
+    )
+    commands["events"].add_argument(
+        "--follow", action="store_true", help="then show each new event as it is written, until Ctrl-C (exit 130)"
+    )
+    commands["timeline"].add_argument(
+        "--recovery",
+        type=int,
+        metavar="N",
+        help="recovery N (only the job's last recovery has its phases kept: an earlier N is an error)",
+    )
+    commands["timeline"].add_argument(
+        "--plot", metavar="FILE.png", help="also draw the phases as bars into a PNG file (needs matplotlib)"
+    )
     stacks = sub.add_parser(
         "stacks",
         help="the Python stacks taken before a hung rank was stopped (docs/detectors.md)",
@@ -173,11 +165,17 @@ def build_parser() -> argparse.ArgumentParser:
     set_.add_argument("file")
     auth.add_parser(sub)
     drills.add_parsers(sub)
+    shell = sub.add_parser("completion", help="print a shell completion script: source <(recoverctl completion bash)")
+    shell.add_argument("shell", choices=completion.SHELLS)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.cmd == "completion":
+        print(completion.script(parser, "recoverctl", args.shell), end="")
+        sys.exit(0)
     # One line per failure: library warnings (a known-bad etcd release, which the services log)
     # would bury the answer; errors still show, as "recoverctl: ..." lines.
     logging.basicConfig(level=logging.ERROR, format="recoverctl: %(message)s")
@@ -187,8 +185,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         if args.cmd == "policy" and args.policy_cmd == "set":
             args.policy_file = load_policy(args.file)  # a bad file is refused before etcd is touched
+        if getattr(args, "plot", None):
+            plot.require_matplotlib()  # refused before etcd is touched too
         code = asyncio.run(_run(args))
-    except UnknownJob as err:
+    except NotFound as err:
         print(f"recoverctl: {err.detail}", file=sys.stderr)
         code = 1
     except RecoverdError as err:
@@ -196,6 +196,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = 2
     except KeyboardInterrupt:
         code = 130
+    except BrokenPipeError:  # `recoverctl events J --follow | head`: the reader is gone, so are we
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 141
     except Exception as err:  # an operator tool during an incident: one line, never a traceback
         print(f"recoverctl: internal error: {printable(repr(err))[:500]}", file=sys.stderr)
         code = 3

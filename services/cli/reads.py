@@ -7,16 +7,30 @@ from collections.abc import Sequence
 
 from recoverd import hangstacks
 from recoverd.errors import RecoverdError
+from recoverd.jobcache import JobCache
 from recoverd.jobview import JobView, read_job
 from recoverd.keys import Keyspace, RunRef, printable
 from recoverd.records import decode, pb
-from recoverd.store import Store
+from recoverd.store import KV, Store
 
-__all__ = ["UnknownJob", "checked_view", "hangs", "read_events", "read_view"]
+__all__ = [
+    "NotFound",
+    "UnknownJob",
+    "checked_view",
+    "decode_event",
+    "hangs",
+    "read_events",
+    "read_jobs",
+    "read_view",
+]
 
 
-class UnknownJob(RecoverdError):
-    """No such job (or its spec record is bad): exit 1, with the reason."""
+class NotFound(RecoverdError):
+    """What was asked for does not exist (or is not kept): exit 1, with the reason."""
+
+
+class UnknownJob(NotFound):
+    """No such job, or its spec record is bad."""
 
 
 def checked_view(view: JobView, keys: Keyspace, job: str) -> JobView:
@@ -32,17 +46,30 @@ async def read_view(store: Store, keys: Keyspace, job: str) -> JobView:
     return checked_view(await read_job(store, keys, job), keys, job)
 
 
+async def read_jobs(store: Store, keys: Keyspace) -> dict[str, JobView]:
+    """Every job under the prefix, by name, from one (paged) read of ``jobs/`` at one revision.
+
+    A job whose spec is bad or missing is still listed (its view says why): during an incident it
+    is exactly the job an operator must see.
+    """
+    cache = JobCache(keys)
+    names = cache.load(await store.get_prefix(keys.jobs_prefix()))
+    return {name: cache.view(name) for name in sorted(names)}
+
+
+def decode_event(kv: KV) -> pb.Event | None:
+    """An event record, or None when it does not decode: the log is shown, never acted on, so a bad
+    entry is left out rather than stopping the listing."""
+    try:
+        return decode(pb.Event, kv.value, kv.key)
+    except RecoverdError:
+        return None
+
+
 async def read_events(store: Store, keys: Keyspace, run: RunRef) -> list[pb.Event]:
-    """The run's events, oldest first; an undecodable one is left out (the log is not a record
-    anything acts on)."""
+    """The run's events, oldest first (event ids sort by time)."""
     snap = await store.get_prefix(keys.events_prefix(run))
-    out = []
-    for kv in snap.kvs:
-        try:
-            out.append(decode(pb.Event, kv.value, kv.key))
-        except RecoverdError:
-            continue
-    return out
+    return [e for kv in snap.kvs if (e := decode_event(kv)) is not None]
 
 
 def hangs(evs: Sequence[pb.Event]) -> list[hangstacks.HangStacks]:

@@ -17,19 +17,27 @@ from google.protobuf import json_format
 
 from recoverd import hangstacks
 from recoverd.jobview import JobView, idle_spares
+from recoverd.keys import printable
 from recoverd.records import pb, ts_to_s
 
 __all__ = [
+    "ENDED",
     "as_dict",
     "decision_lines",
     "enum_name",
     "format_event",
+    "format_jobs",
     "format_stacks",
     "format_status",
+    "has_ended",
     "iso",
+    "job_row",
     "stacks_list",
     "status_dict",
 ]
+
+#: The job states after which nothing more happens to a run.
+ENDED = frozenset({pb.JOB_SUCCEEDED, pb.JOB_FAILED})
 
 
 def iso(seconds: float) -> str:
@@ -48,16 +56,37 @@ def enum_name(enum: Any, value: int, prefix: str) -> str:
     return str(enum.Name(value)).removeprefix(prefix)
 
 
+def has_ended(view: JobView) -> bool:
+    """The run finished (succeeded or failed): its status record says so, and it is written once."""
+    return view.status is not None and view.status.state in ENDED
+
+
+def _state(view: JobView) -> str:
+    return enum_name(pb.JobState, view.status.state, "JOB_") if view.status else "RUNNING"
+
+
+def _recovery_brief(rec: pb.Recovery) -> dict[str, Any]:
+    return {
+        "id": rec.recovery_id,
+        "epoch": rec.epoch,
+        "phase": enum_name(pb.Phase, rec.phase, "PHASE_"),
+        "strategy": rec.strategy,
+    }
+
+
 def status_dict(view: JobView) -> dict[str, Any]:
+    """One job in full: its ranks, nodes and current recovery, as of ``revision`` (the etcd
+    revision read; ``status --watch`` prints one per change)."""
     assert view.spec is not None
     ranks = sorted((r for nr in view.ranks.values() for r in nr.ranks), key=lambda r: r.rank)
     out: dict[str, Any] = {
         "job": view.spec.name,
         "run": view.spec.uid,
+        "revision": view.revision,
         "world_size": view.spec.world_size,
         "nnodes": view.spec.nnodes,
         "strategies": list(view.spec.policy.strategies),
-        "state": enum_name(pb.JobState, view.status.state, "JOB_") if view.status else "RUNNING",
+        "state": _state(view),
         "reason": view.status.reason if view.status else "",
         "nodes": {
             name: {"host": n.host, "agent_pid": n.agent_pid, "node_rank": n.node_rank, "spare": n.is_spare}
@@ -85,10 +114,7 @@ def status_dict(view: JobView) -> dict[str, Any]:
     if view.recovery is not None:
         rec = view.recovery
         out["recovery"] = {
-            "id": rec.recovery_id,
-            "epoch": rec.epoch,
-            "phase": enum_name(pb.Phase, rec.phase, "PHASE_"),
-            "strategy": rec.strategy,
+            **_recovery_brief(rec),
             "fault_ranks": sorted({f.rank for f in rec.faults}),
             "participants": list(rec.participants),
             "reported": list(rec.reported),
@@ -136,6 +162,64 @@ def format_status(data: dict[str, Any]) -> str:
             f"{r['rank']:>4}  {node:<16} {r['pid']:>7}  {r['state']:<9} {r['restarts']:>8}"
             f" {r['generation']:>4}  {ended}"
         )
+    return "\n".join(lines)
+
+
+def job_row(name: str, view: JobView) -> dict[str, Any]:
+    """One line of ``recoverctl jobs``: state, ranks running of the world, live nodes, the recovery.
+
+    A rank counts as running when its node's rank table says so and the node is live (its leased
+    record is there): the table of a lost node keeps its last state. A job whose spec is bad or
+    missing is listed with the reason in ``error`` (state ``BAD_SPEC`` / ``NO_SPEC``).
+    """
+    if view.spec is None:
+        return {
+            "job": name,
+            "run": "",
+            "state": "BAD_SPEC" if view.spec_error else "NO_SPEC",
+            "error": printable(view.spec_error) if view.spec_error else "keys under the job but no spec record",
+            "ranks_running": 0,
+            "world_size": 0,
+            "nodes": [],
+            "nnodes": 0,
+            "recovery": None,
+        }
+    running = {
+        r.rank
+        for node, table in view.ranks.items()
+        if node in view.nodes
+        for r in table.ranks
+        if r.state == pb.RANK_RUNNING
+    }
+    return {
+        "job": name,
+        "run": view.spec.uid,
+        "state": _state(view),
+        "error": "",
+        "ranks_running": len(running),
+        "world_size": view.spec.world_size,
+        "nodes": sorted(view.nodes),
+        "nnodes": view.spec.nnodes,
+        "recovery": _recovery_brief(view.recovery) if view.recovery is not None else None,
+    }
+
+
+def format_jobs(rows: Sequence[dict[str, Any]], prefix: str) -> str:
+    if not rows:
+        return f"no jobs under {prefix}"
+    width = max(len("JOB"), *(len(row["job"]) for row in rows))
+    lines = [f"{'JOB':<{width}}  {'STATE':<9} {'RANKS':>9} {'NODES':>7}  RECOVERY"]
+    for row in rows:
+        rec = row["recovery"]
+        if row["error"]:
+            recovery = row["error"]
+        elif rec is None:
+            recovery = "-"
+        else:
+            recovery = f"{rec['id']} {rec['phase']} {rec['strategy'] or '-'} (epoch {rec['epoch']})"
+        ranks = f"{row['ranks_running']}/{row['world_size']}"
+        nodes = f"{len(row['nodes'])}/{row['nnodes']}"
+        lines.append(f"{row['job']:<{width}}  {row['state']:<9} {ranks:>9} {nodes:>7}  {recovery}")
     return "\n".join(lines)
 
 

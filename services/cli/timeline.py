@@ -1,9 +1,12 @@
 """``recoverctl timeline``: a recovery phase by phase, with durations. Pure (no etcd, no clock).
 
 Only the job's current (or last) recovery has a phase log: it lives in the run's ``recovery``
-record, which the next recovery overwrites (docs/keyspace.md); finished recoveries keep an outcome
-in ``history`` (strategy, ranks, opened and closed, ok) but no phases. So a timeline exists for the
-last recovery only.
+record, which the next recovery overwrites (docs/keyspace.md). Of an earlier recovery, what is
+kept is its outcome in ``history`` (strategy, ranks, opened and closed, ok: no recovery id) and
+its events while the log's cap keeps them, among which a ``phase`` event for each coordinator pass
+that changed the phase (not each phase: a pass may go through several, e.g. STOPPING -> DECIDING
+via GLOBAL_FAULT). So a timeline exists for the last recovery only, and asking for an earlier one
+is answered with what is kept instead (:func:`unavailable`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,24 @@ from recoverd.cli.render import enum_name, iso
 from recoverd.jobview import JobView
 from recoverd.records import pb, ts_to_s
 
-__all__ = ["format_timeline", "timeline_dict"]
+__all__ = ["format_timeline", "timeline_dict", "unavailable"]
+
+
+def unavailable(view: JobView, recovery: int | None) -> str | None:
+    """Why ``recovery`` (None: the last one) has no timeline to show, or None when it has one."""
+    last = view.recovery.recovery_id if view.recovery is not None else 0
+    if recovery is None or recovery == last:
+        return None
+    if last == 0:
+        return f"no recovery {recovery}: the job has had no recovery so far"
+    if not 1 <= recovery < last:
+        return f"no recovery {recovery}: the job's recoveries are 1 to {last}"
+    return (
+        f"recovery {recovery}'s phase log is not kept: only the last recovery ({last}) has one (the run's"
+        " recovery record, which the next recovery overwrites). What is kept of it: its events, with a"
+        " 'phase' event per coordinator pass that changed the phase (recoverctl events JOB), and its"
+        " outcome in the run's history record"
+    )
 
 
 def timeline_dict(view: JobView, hangs: Sequence[hangstacks.HangStacks] = ()) -> dict[str, Any] | None:

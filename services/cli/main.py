@@ -9,6 +9,7 @@ Subcommands::
     recoverd agent --etcd URL --job J --node N --nproc-per-node K [--node-rank R --nnodes M] -- CMD ARGS...
     recoverd agent ... --spare -- CMD ARGS...  # a spare node: runs nothing until `recover` moves ranks to it
     recoverd gateway --etcd URL [--listen 0.0.0.0:8899]   # MindCluster's Recover gRPC service (docs/gateway.md)
+    recoverd completion bash|zsh             # a shell completion script: source <(recoverd completion bash)
 
 Every ``--etcd`` defaults to ``$RECOVERD_ETCD`` (comma-separated endpoints) and every ``--prefix`` to
 ``$RECOVERD_PREFIX`` or ``/recoverd/v1``. ``run`` and ``up`` start an embedded etcd when none is
@@ -38,6 +39,7 @@ from recoverd import __version__, config, etcd_security, logs, tlsdir
 from recoverd.agent.agent import AgentSettings, NodeAgent, become_subreaper
 from recoverd.agent.settings import DEFAULT_LEASE_TTL_S, NVML_HELP, NVML_MODES
 from recoverd.argtypes import lease_ttl, non_negative, positive
+from recoverd.cli import completion
 from recoverd.coordinator.model import Timeouts
 from recoverd.coordinator.reconciler import Coordinator
 from recoverd.coordinator.settings import CoordinatorSettings
@@ -273,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("command", choices=CONFIGURABLE, metavar="COMMAND", help=", ".join(CONFIGURABLE))
     show.add_argument("--config", metavar="FILE", default=os.environ.get("RECOVERD_CONFIG"), help="the YAML file")
     show.add_argument("--json", action="store_true", help="machine-readable output")
+
+    shell = sub.add_parser("completion", help="print a shell completion script: source <(recoverd completion bash)")
+    shell.add_argument("shell", choices=completion.SHELLS)
     return parser
 
 
@@ -599,6 +604,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         args = parser.parse_args(argv)
         if args.cmd == "config":
             sys.exit(_show_config(parser, args))
+        if args.cmd == "completion":
+            print(completion.script(parser, "recoverd", args.shell), end="")
+            return
     except RecoverdError as err:
         print(f"recoverd: error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -8,71 +8,23 @@ operator reads.
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime
 
 import pytest
 
-from recoverd.records import pb
-
 from .cluster import Cluster
+from .recovered import JOB, Recovered, cli, recover_one_rank
 
 pytestmark = pytest.mark.etcd
 
-JOB = "job-ctl"
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
 
-def _cli(module: str, args: list[str]) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RECOVERD_ETCD", "RECOVERD_PREFIX")}
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        capture_output=True,
-        text=True,
-        timeout=15,
-        env={**env, "GRPC_VERBOSITY": "ERROR"},
-    )
-
-
-@dataclass
-class Recovered:
-    cluster: Cluster
-    before: dict[int, pb.RankStatus]
-    after: dict[int, pb.RankStatus]
-    epoch: int
-    run: str
-
-    def ctl(self, *args: str) -> str:
-        proc = _cli("recoverd.cli.ctl", ["--etcd", self.cluster.endpoint, "--prefix", self.cluster.prefix, *args])
-        assert proc.returncode == 0, f"recoverctl {' '.join(args)} exited {proc.returncode}: {proc.stderr}"
-        assert "Traceback" not in proc.stderr
-        return proc.stdout
-
-
 @pytest.fixture
-def recovered(cluster: Cluster) -> Iterator[Recovered]:
+def recovered(cluster: Cluster) -> Recovered:
     """A 4-rank job (recover-in-place,exit) whose rank 2 was SIGKILLed and recovered in place."""
-    cluster.coordinator()
-    cluster.strategy()
-    cluster.agent(JOB, strategies="recover-in-place,exit")
-    before = cluster.wait_running(JOB, 4)
-    os.kill(before[2].pid, signal.SIGKILL)
-    view = cluster.wait_for(
-        "the recovery to finish",
-        lambda: (v := cluster.view(JOB)).recovery is not None and v.recovery.phase == pb.PHASE_DONE and v,
-    )
-    after = cluster.wait_for(
-        "rank 2 to run again",
-        lambda: (r := cluster.ranks(JOB))[2].state == pb.RANK_RUNNING and r[2].restart_count == 1 and r,
-    )
-    assert view.recovery is not None and view.run is not None
-    yield Recovered(cluster, before, after, view.recovery.epoch, view.run.uid)
+    return recover_one_rank(cluster, JOB)
 
 
 def _split(line: str) -> list[str]:
@@ -187,13 +139,13 @@ def test_status_before_any_recovery(cluster: Cluster) -> None:
     cluster.agent("job-quiet", nproc=2)
     ranks = cluster.wait_running("job-quiet", 2)
     args = ["--etcd", cluster.endpoint, "--prefix", cluster.prefix]
-    text = _cli("recoverd.cli.ctl", [*args, "status", "job-quiet"])
+    text = cli("recoverd.cli.ctl", [*args, "status", "job-quiet"])
     assert text.returncode == 0, text.stderr
     assert "recovery: none so far" in text.stdout
-    data = json.loads(_cli("recoverd.cli.ctl", [*args, "status", "job-quiet", "--json"]).stdout)
+    data = json.loads(cli("recoverd.cli.ctl", [*args, "status", "job-quiet", "--json"]).stdout)
     assert data["recovery"] is None
     assert {r["rank"]: r["pid"] for r in data["ranks"]} == {r: s.pid for r, s in ranks.items()}
-    decisions = _cli("recoverd.cli.ctl", [*args, "decisions", "job-quiet", "--json"])
+    decisions = cli("recoverd.cli.ctl", [*args, "decisions", "job-quiet", "--json"])
     assert decisions.returncode == 0 and json.loads(decisions.stdout) == []
 
 
@@ -201,25 +153,25 @@ def test_status_before_any_recovery(cluster: Cluster) -> None:
 
 
 def test_recoverctl_help() -> None:
-    proc = _cli("recoverd.cli.ctl", ["--help"])
+    proc = cli("recoverd.cli.ctl", ["--help"])
     assert proc.returncode == 0, proc.stderr
     for word in ("status", "events", "decisions", "stacks", "--etcd", "--prefix"):
         assert word in proc.stdout
-    sub = _cli("recoverd.cli.ctl", ["status", "--help"])
+    sub = cli("recoverd.cli.ctl", ["status", "--help"])
     assert sub.returncode == 0 and "--json" in sub.stdout
-    stacks = _cli("recoverd.cli.ctl", ["stacks", "--help"])
+    stacks = cli("recoverd.cli.ctl", ["stacks", "--help"])
     assert stacks.returncode == 0 and all(flag in stacks.stdout for flag in ("--recovery", "--rank", "--json"))
 
 
 def test_recoverd_help() -> None:
-    proc = _cli("recoverd.cli.main", ["--help"])
+    proc = cli("recoverd.cli.main", ["--help"])
     assert proc.returncode == 0, proc.stderr
     for word in ("run", "up", "coordinator", "strategy", "agent"):
         assert re.search(rf"^\s+{word}\s", proc.stdout, re.MULTILINE), f"{word} missing from:\n{proc.stdout}"
 
 
 def test_recoverd_run_help() -> None:
-    proc = _cli("recoverd.cli.main", ["run", "--help"])
+    proc = cli("recoverd.cli.main", ["run", "--help"])
     assert proc.returncode == 0, proc.stderr
     for flag in ("--nproc-per-node", "--strategies", "--etcd", "--prefix", "--job", "--log-dir", "--max-rank-restarts"):
         assert flag in proc.stdout, f"{flag} missing from:\n{proc.stdout}"

@@ -24,6 +24,7 @@ from recoverd.agent.stacks import StackTarget, capture_stacks
 from recoverd.records import encode, pb, ts_from_s
 
 from .cluster import Cluster
+from .ctl_schemas import check
 
 pytestmark = pytest.mark.etcd
 
@@ -127,7 +128,7 @@ def test_hang_stacks_reach_events_timeline_and_stacks(cluster: Cluster, rank_lik
     # recoverctl timeline: the summary under the recovery's header, and in --json.
     timeline = _ctl(cluster, "timeline", JOB).splitlines()
     assert timeline[1] == f"stacks at rank 2 on node0: {SUMMARY} (recoverctl stacks)"
-    data = json.loads(_ctl(cluster, "timeline", JOB, "--json"))
+    data = check("timeline", json.loads(_ctl(cluster, "timeline", JOB, "--json")))
     assert data["stacks"] == [{"fault_id": fault.fault_id, "rank": 2, "node": "node0", "summary": SUMMARY}]
 
     # recoverctl stacks: every stack in full, the hung rank first.
@@ -160,7 +161,7 @@ def test_hang_stacks_reach_events_timeline_and_stacks(cluster: Cluster, rank_lik
     events = [e for e in cluster.events(JOB) if e.reason == hangstacks.REASON]
     assert len(events) == 2
     assert len(encode(events[1])) <= hangstacks.MAX_STACKS_BYTES + 2048
-    latest = json.loads(_ctl(cluster, "stacks", JOB, "--json"))
+    latest = check("stacks", json.loads(_ctl(cluster, "stacks", JOB, "--json")))
     assert [(h["recovery"], h["rank"]) for h in latest] == [(second.recovery_id, 1)]
     assert all(len(s["text"].encode()) <= hangstacks.MAX_TEXT_BYTES for s in latest[0]["stacks"])
     assert all("[truncated:" in s["text"] for s in latest[0]["stacks"])

@@ -308,3 +308,21 @@ def test_recoverd_completion_offers_its_services_and_choices(tmp_path: Path) -> 
         _complete(script, tmp_path, ["recoverd", ""], "_recoverd")
     )
     assert _complete(script, tmp_path, ["recoverd", "agent", "--nvml", ""], "_recoverd") == ["auto", "on", "off"]
+
+
+def test_completion_commands_need_no_etcd(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from recoverd.cli import ctl
+    from recoverd.cli import main as recoverd_main
+
+    monkeypatch.delenv("RECOVERD_ETCD", raising=False)
+    with pytest.raises(SystemExit) as stop:
+        ctl.main(["completion", "zsh"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# recoverctl completion for zsh") and out.endswith(
+        "complete -o filenames -F _recoverctl recoverctl\n"
+    )
+    recoverd_main.main(["completion", "bash"])
+    assert capsys.readouterr().out.endswith("complete -o filenames -F _recoverd recoverd\n")
+    help_text = build_parser().format_help()
+    assert all(word in help_text for word in ("jobs", "completion", "status", "events", "timeline"))

@@ -18,17 +18,21 @@
 
     recoverctl [--etcd URL] policy show JOB [--json]  the job's policy, in the policy file's form
     recoverctl [--etcd URL] policy set JOB FILE       validate FILE, then make it the job's policy
+    recoverctl [--etcd URL] inject JOB --rank R --kind kill|exit|hang    a recorded drill (drills.py)
+    recoverctl [--etcd URL] drain JOB NODE            move a node's ranks to an idle spare (drills.py)
     recoverctl completion bash|zsh                    a shell completion script (no etcd needed)
 
-Reads only, with one exception: ``policy set`` rewrites the job's spec record with the new policy,
+The read commands only read. ``policy set`` rewrites the job's spec record with the new policy,
 in one transaction that compares the spec key's mod revision (and value) with what it read, so a
-concurrent change makes it fail rather than be overwritten. It is the only write recoverctl makes
-(besides ``auth``); an invalid file writes nothing. ``--json`` prints machine-readable output with
-the schemas of docs/recoverctl-schemas/ (records as stored: proto3 JSON field names). Exit status:
-0 ok (for ``status --watch``: the job ended), 1 not found (an unknown job, a job whose spec record
-is bad, a recovery whose phases are not kept: the reason is printed), 2 bad usage, a bad policy
-file, bad input, etcd unreachable or matplotlib missing for ``--plot``, 3 an internal error, 130
-Ctrl-C. Every failure is one line on stderr, never a traceback.
+concurrent change makes it fail rather than be overwritten; an invalid file writes nothing.
+``inject`` and ``drain`` write a drill or drain faults, ``auth`` etcd's roles and users.
+
+``--json`` prints machine-readable output with the schemas of docs/recoverctl-schemas/ (records as
+stored: proto3 JSON field names). Exit status: 0 ok (for ``status --watch``: the job ended), 1 not
+found (an unknown job, a job whose spec record is bad, a recovery whose phases are not kept: the
+reason is printed), 2 bad usage, a bad policy file, bad input, etcd unreachable or matplotlib
+missing for ``--plot``, 3 an internal error, 130 Ctrl-C. Every failure is one line on stderr, never
+a traceback.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Every Prometheus metric recoverd exports, and the port that serves them (docs/operations.md).
 
 One module owns the names: services record into these objects, and :class:`MetricsServer` exposes them with
-``/healthz`` and ``/readyz`` on ``--metrics-port``. Every service of one process (``recoverd run``
+``/healthz`` and ``/readyz`` on ``--metrics-port``. Until then (:func:`enable`) recording does nothing
+and prometheus-client is not even imported. Every service of one process (``recoverd run``
 and ``up`` run several) shares one registry and one port.
 
 * ``/metrics``: the Prometheus text format.
@@ -21,11 +22,8 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
-
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 __all__ = [
     "DETECTION_SECONDS",
@@ -38,81 +36,145 @@ __all__ = [
     "RANKS",
     "RECOVERIES",
     "RECOVERY_SECONDS",
-    "REGISTRY",
     "WARM_SPARES",
     "WATCH_RESYNCS",
     "Health",
     "MetricsServer",
+    "enable",
 ]
 
 log = logging.getLogger(__name__)
-
-REGISTRY = CollectorRegistry(auto_describe=True)
 
 # Recoveries take from ~0.1 s (recover-in-place) to minutes (a deadline): buckets over both.
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 _ETCD = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 
+
+class _Ignored:
+    """What a metric gives while metrics are off: every call does nothing."""
+
+    def labels(self, *values: str) -> _Ignored:
+        return self
+
+    def inc(self, amount: float = 1) -> None:
+        return None
+
+    def set(self, value: float) -> None:
+        return None
+
+    def observe(self, value: float) -> None:
+        return None
+
+
+_IGNORED = _Ignored()
+_ALL: list[_Metric] = []
+
+
+class _Metric:
+    """A Prometheus metric that records nothing until :func:`enable`.
+
+    A process without ``--metrics-port`` (most tests, ``recoverctl``, every short-lived agent) never
+    imports prometheus-client: with its HTTP exposition it costs ~75 ms at every start."""
+
+    def __init__(
+        self, kind: str, name: str, doc: str, labels: Sequence[str] = (), buckets: Sequence[float] | None = None
+    ) -> None:
+        self.kind, self.name, self.doc, self.label_names, self.buckets = kind, name, doc, tuple(labels), buckets
+        self._real: Any = None
+        _ALL.append(self)
+
+    def _create(self, prom: Any, registry: Any) -> None:
+        cls = {"counter": prom.Counter, "gauge": prom.Gauge, "histogram": prom.Histogram}[self.kind]
+        extra = {"buckets": self.buckets} if self.buckets is not None else {}
+        self._real = cls(self.name, self.doc, list(self.label_names), registry=registry, **extra)
+
+    def labels(self, *values: str) -> Any:
+        return self._real.labels(*values) if self._real is not None else _IGNORED
+
+    def inc(self, amount: float = 1) -> None:
+        if self._real is not None:
+            self._real.inc(amount)
+
+    def set(self, value: float) -> None:
+        if self._real is not None:
+            self._real.set(value)
+
+    def observe(self, value: float) -> None:
+        if self._real is not None:
+            self._real.observe(value)
+
+
+_registry: Any = None
+
+
+def enable() -> Any:
+    """Start recording (idempotent): create every metric in this process's registry; return it."""
+    global _registry
+    if _registry is None:
+        import prometheus_client as prom
+
+        _registry = prom.CollectorRegistry(auto_describe=True)
+        for metric in _ALL:
+            metric._create(prom, _registry)
+    return _registry
+
+
 # ---------------------------------------------------------------- the coordinator
-FAULTS = Counter(
+FAULTS = _Metric(
+    "counter",
     "recoverd_faults_total",
     "Faults merged into a recovery, by MindCluster fault type (0 UCE, 1 other, 2 network) and source",
     ["type", "source"],
-    registry=REGISTRY,
 )
-RECOVERIES = Counter(
+RECOVERIES = _Metric(
+    "counter",
     "recoverd_recoveries_total",
     "Recoveries closed, by the strategy that ended them and the outcome (succeeded, failed)",
     ["strategy", "outcome"],
-    registry=REGISTRY,
 )
-PHASE_SECONDS = Histogram(
+PHASE_SECONDS = _Metric(
+    "histogram",
     "recoverd_recovery_phase_seconds",
     "Time a recovery spent in each phase (COLLECTING, STOPPING, ..., RECOVERING), observed when it leaves it",
     ["phase"],
-    buckets=_SECONDS,
-    registry=REGISTRY,
+    _SECONDS,
 )
-DETECTION_SECONDS = Histogram(
+DETECTION_SECONDS = _Metric(
+    "histogram",
     "recoverd_fault_detection_seconds",
     "From a fault's detection (the detector's clock) to the coordinator merging it into a recovery",
     buckets=_SECONDS,
-    registry=REGISTRY,
 )
-RECOVERY_SECONDS = Histogram(
+RECOVERY_SECONDS = _Metric(
+    "histogram",
     "recoverd_recovery_seconds",
     "From the recovery's first fault to DONE: the ranks run again (kill -> running)",
     ["strategy"],
-    buckets=_SECONDS,
-    registry=REGISTRY,
+    _SECONDS,
 )
-LEADER = Gauge("recoverd_coordinator_leader", "1 while this coordinator holds the leader key", registry=REGISTRY)
-LEADER_CHANGES = Counter(
-    "recoverd_coordinator_leader_changes_total", "Terms this coordinator began or ended", ["change"], registry=REGISTRY
+LEADER = _Metric("gauge", "recoverd_coordinator_leader", "1 while this coordinator holds the leader key")
+LEADER_CHANGES = _Metric(
+    "counter", "recoverd_coordinator_leader_changes_total", "Terms this coordinator began or ended", ["change"]
 )
 
 # ---------------------------------------------------------------- every etcd client
-ETCD_SECONDS = Histogram(
-    "recoverd_etcd_request_seconds", "etcd requests by operation", ["op"], buckets=_ETCD, registry=REGISTRY
-)
-ETCD_ERRORS = Counter(
+ETCD_SECONDS = _Metric("histogram", "recoverd_etcd_request_seconds", "etcd requests by operation", ["op"], _ETCD)
+ETCD_ERRORS = _Metric(
+    "counter",
     "recoverd_etcd_request_errors_total",
     "etcd requests that failed: unavailable (retried), refused, denied (TLS or credentials)",
     ["op", "kind"],
-    registry=REGISTRY,
 )
-WATCH_RESYNCS = Counter(
+WATCH_RESYNCS = _Metric(
+    "counter",
     "recoverd_etcd_watch_resyncs_total",
     "Watches that re-read their state: after a reconnect, or history compacted under them",
     ["reason"],
-    registry=REGISTRY,
 )
 
 # ---------------------------------------------------------------- the agent
-RANKS = Gauge("recoverd_agent_ranks", "This agent's ranks by state", ["job", "node", "state"], registry=REGISTRY)
-WARM_SPARES = Gauge(
-    "recoverd_agent_warm_spares", "Warm spare processes waiting for a rank", ["job", "node"], registry=REGISTRY
-)
+RANKS = _Metric("gauge", "recoverd_agent_ranks", "This agent's ranks by state", ["job", "node", "state"])
+WARM_SPARES = _Metric("gauge", "recoverd_agent_warm_spares", "Warm spare processes waiting for a rank", ["job", "node"])
 
 LOOP_STALE_S = 10.0
 
@@ -168,6 +230,11 @@ class MetricsServer:
     """``/metrics``, ``/healthz``, ``/readyz`` on ``host:port`` (port 0: any free one, see ``port``)."""
 
     def __init__(self, port: int, health: Health, host: str = "0.0.0.0") -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        registry = enable()
         self.health = health
         server = self
 
@@ -175,7 +242,7 @@ class MetricsServer:
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
-                    self._answer(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+                    self._answer(200, generate_latest(registry), CONTENT_TYPE_LATEST)
                 elif path == "/healthz":
                     ok = server.health.alive
                     self._answer(200 if ok else 503, b"ok\n" if ok else b"event loop stalled\n")

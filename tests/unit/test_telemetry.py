@@ -55,11 +55,26 @@ def test_the_grafana_dashboard_uses_only_metrics_recoverd_exports() -> None:
     import re
     from pathlib import Path
 
-    from recoverd.metrics import REGISTRY
+    from recoverd import metrics
 
-    exported = {m.name for m in REGISTRY.collect()}
+    exported = {m.name for m in metrics.enable().collect()}
     dashboard = json.loads((Path(__file__).parents[2] / "deploy" / "grafana" / "recoverd-dashboard.json").read_text())
     exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
     used = {re.sub(r"_(bucket|sum|count|total)$", "", name) for e in exprs for name in re.findall(r"recoverd_\w+", e)}
     assert used and used <= {re.sub(r"_total$", "", n) for n in exported}, used - exported
     assert {re.sub(r"_total$", "", n) for n in exported} <= used  # every metric has a panel
+
+
+def test_metrics_record_nothing_and_import_nothing_until_enabled() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from recoverd import metrics; metrics.FAULTS.labels('1', 'agent').inc();"
+        " assert 'prometheus_client' not in sys.modules; reg = metrics.enable();"
+        " metrics.FAULTS.labels('1', 'agent').inc();"
+        " print(reg.get_sample_value('recoverd_faults_total', {'type': '1', 'source': 'agent'}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1.0"  # the increment before enable() was not kept

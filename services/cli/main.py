@@ -10,6 +10,7 @@ Subcommands::
     recoverd agent ... --spare -- CMD ARGS...  # a spare node: runs nothing until `recover` moves ranks to it
     recoverd gateway --etcd URL [--listen 0.0.0.0:8899]   # MindCluster's Recover gRPC service (docs/gateway.md)
     recoverd completion bash|zsh             # a shell completion script: source <(recoverd completion bash)
+    recoverd config show COMMAND [--config FILE]   # every flag: its value and where it came from
 
 Every ``--etcd`` defaults to ``$RECOVERD_ETCD`` (comma-separated endpoints) and every ``--prefix`` to
 ``$RECOVERD_PREFIX`` or ``/recoverd/v1``. ``run`` and ``up`` start an embedded etcd when none is

@@ -14,16 +14,18 @@ person reads in a terminal); JSON is for log collectors (Loki, Elasticsearch, Cl
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import contextvars
 import datetime
 import json
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["FIELDS", "FORMATS", "JsonFormatter", "bind", "bound", "setup"]
+__all__ = ["FIELDS", "FORMATS", "JsonFormatter", "add_arguments", "bind", "bound", "setup"]
 
 #: The context fields a JSON line may carry, in this order.
 FIELDS = ("job", "run", "node", "rank", "epoch")
@@ -66,6 +68,18 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return json.dumps(line, default=str, ensure_ascii=False)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--log-level`` and ``--log-format``, the same on every recoverd command that runs a service."""
+    parser.add_argument("--log-level", default=os.environ.get("RECOVERD_LOG_LEVEL", "INFO"), help="%(default)s")
+    parser.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default=os.environ.get("RECOVERD_LOG_FORMAT") or "text",
+        help="text, or json: one object per line with job, run, node, rank, epoch (default: $RECOVERD_LOG_FORMAT"
+        " or %(default)s)",
+    )
 
 
 def setup(level: str = "INFO", fmt: str = "text") -> None:

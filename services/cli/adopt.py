@@ -101,14 +101,7 @@ def build_parser(prog: str = "recoverd adopt") -> argparse.ArgumentParser:
     )
     parser.add_argument("--reset-json", default=None, help="a device plugin's reset.json to turn into faults")
     parser.add_argument("--nvml", choices=NVML_MODES, default="auto", help=NVML_HELP)
-    parser.add_argument("--log-level", default=os.environ.get("RECOVERD_LOG_LEVEL", "INFO"))
-    parser.add_argument(
-        "--log-format",
-        choices=logs.FORMATS,
-        default=os.environ.get("RECOVERD_LOG_FORMAT") or "text",
-        help="text, or json: one object per line with job, run, node, rank, epoch (default: $RECOVERD_LOG_FORMAT"
-        " or %(default)s)",
-    )
+    logs.add_arguments(parser)
     etcd_security.add_arguments(parser)
     return parser
 

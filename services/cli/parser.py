@@ -45,14 +45,7 @@ def add_common(parser: argparse.ArgumentParser, *, etcd_required: bool) -> None:
         default=os.environ.get("RECOVERD_PREFIX", DEFAULT_PREFIX),
         help="key prefix in etcd (default: $RECOVERD_PREFIX or %(default)s)",
     )
-    parser.add_argument("--log-level", default=os.environ.get("RECOVERD_LOG_LEVEL", "INFO"), help="%(default)s")
-    parser.add_argument(
-        "--log-format",
-        choices=logs.FORMATS,
-        default=os.environ.get("RECOVERD_LOG_FORMAT") or "text",
-        help="text, or json: one object per line with job, run, node, rank, epoch (default: $RECOVERD_LOG_FORMAT"
-        " or %(default)s)",
-    )
+    logs.add_arguments(parser)
     parser.add_argument(
         "--metrics-port",
         type=non_negative(int),

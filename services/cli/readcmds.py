@@ -90,7 +90,7 @@ async def run(store: Store, keys: Keyspace, args: argparse.Namespace) -> int:
     elif args.cmd == "timeline":
         if (why := unavailable(view, args.recovery)) is not None:
             raise NotFound(why)
-        timeline = timeline_dict(view, hangs(await read_events(store, keys, view.run)))
+        timeline = timeline_dict(view, hangs(await read_events(store, keys, view.run)), args.recovery)
         if args.plot:
             if timeline is None:
                 raise NotFound(f"job {args.job} has had no recovery so far: nothing to plot")

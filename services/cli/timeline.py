@@ -1,12 +1,10 @@
 """``recoverctl timeline``: a recovery phase by phase, with durations. Pure (no etcd, no clock).
 
-Only the job's current (or last) recovery has a phase log: it lives in the run's ``recovery``
-record, which the next recovery overwrites (docs/keyspace.md). Of an earlier recovery, what is
-kept is its outcome in ``history`` (strategy, ranks, opened and closed, ok: no recovery id) and
-its events while the log's cap keeps them, among which a ``phase`` event for each coordinator pass
-that changed the phase (not each phase: a pass may go through several, e.g. STOPPING -> DECIDING
-via GLOBAL_FAULT). So a timeline exists for the last recovery only, and asking for an earlier one
-is answered with what is kept instead (:func:`unavailable`).
+The current (or last) recovery's phase log is in the run's ``recovery`` record, which the next
+recovery overwrites (docs/keyspace.md). Every outcome of a recovery (each strategy that ended, in
+``history``) keeps that recovery's id and its phase log up to then, so an earlier recovery's
+timeline comes from its last outcome while the history's cap (100 outcomes) keeps it. Outcomes
+written before recoverd kept phase logs have none: :func:`unavailable` says so.
 """
 
 from __future__ import annotations
@@ -22,6 +20,13 @@ from recoverd.records import pb, ts_to_s
 __all__ = ["format_timeline", "timeline_dict", "unavailable"]
 
 
+def _outcome_of(view: JobView, recovery: int) -> pb.RecoveryOutcome | None:
+    """The last outcome of ``recovery`` that kept a phase log (its history record), if any."""
+    outcomes = view.history.outcomes if view.history is not None else ()
+    found = [o for o in outcomes if o.recovery_id == recovery and o.phase_log]
+    return found[-1] if found else None
+
+
 def unavailable(view: JobView, recovery: int | None) -> str | None:
     """Why ``recovery`` (None: the last one) has no timeline to show, or None when it has one."""
     last = view.recovery.recovery_id if view.recovery is not None else 0
@@ -31,22 +36,44 @@ def unavailable(view: JobView, recovery: int | None) -> str | None:
         return f"no recovery {recovery}: the job has had no recovery so far"
     if not 1 <= recovery < last:
         return f"no recovery {recovery}: the job's recoveries are 1 to {last}"
+    if _outcome_of(view, recovery) is not None:
+        return None
     return (
-        f"recovery {recovery}'s phase log is not kept: only the last recovery ({last}) has one (the run's"
-        " recovery record, which the next recovery overwrites). What is kept of it: its events, with a"
-        " 'phase' event per coordinator pass that changed the phase (recoverctl events JOB), and its"
-        " outcome in the run's history record"
+        f"recovery {recovery}'s phase log is not kept: its outcomes left the history (it keeps the last 100),"
+        " or were written before recoverd kept phase logs. What is kept of it: its events (recoverctl events JOB)"
     )
 
 
-def timeline_dict(view: JobView, hangs: Sequence[hangstacks.HangStacks] = ()) -> dict[str, Any] | None:
-    """The last recovery as (phase, start offset, duration) rows, from the fault's detection on,
-    with the grouped summary of any stacks captured for it (``hangs``: the job's ``hang_stacks``)."""
+def timeline_dict(
+    view: JobView, hangs: Sequence[hangstacks.HangStacks] = (), recovery: int | None = None
+) -> dict[str, Any] | None:
+    """A recovery (default: the last) as (phase, start offset, duration) rows, from the fault's
+    detection on, with the grouped summary of any stacks captured for it (``hangs``: the job's
+    ``hang_stacks``). An earlier recovery comes from its outcome in the history (:func:`unavailable`)."""
     rec = view.recovery
-    if rec is None or not rec.phase_log:
+    if rec is None:
+        return None
+    if recovery is not None and recovery != rec.recovery_id:
+        outcome = _outcome_of(view, recovery)
+        if outcome is None:
+            return None
+        return _rows(recovery, outcome.strategy, sorted(outcome.ranks), ts_to_s(outcome.detected_at),
+                     outcome.phase_log, hangs)  # fmt: skip
+    if not rec.phase_log:
         return None
     detected = min((ts_to_s(f.detected_at) for f in rec.faults), default=ts_to_s(rec.opened_at))
-    entries = [(enum_name(pb.Phase, e.phase, "PHASE_"), ts_to_s(e.at), e.epoch) for e in rec.phase_log]
+    return _rows(rec.recovery_id, rec.strategy, sorted({f.rank for f in rec.faults}), detected, rec.phase_log, hangs)
+
+
+def _rows(
+    recovery: int,
+    strategy: str,
+    fault_ranks: list[int],
+    detected: float,
+    phase_log: Sequence[pb.PhaseEntry],
+    hangs: Sequence[hangstacks.HangStacks],
+) -> dict[str, Any]:
+    entries = [(enum_name(pb.Phase, e.phase, "PHASE_"), ts_to_s(e.at), e.epoch) for e in phase_log]
     rows = [
         {
             "phase": "DETECTED",
@@ -66,16 +93,16 @@ def timeline_dict(view: JobView, hangs: Sequence[hangstacks.HangStacks] = ()) ->
             }
         )
     return {
-        "recovery": rec.recovery_id,
-        "strategy": rec.strategy,
-        "fault_ranks": sorted({f.rank for f in rec.faults}),
+        "recovery": recovery,
+        "strategy": strategy,
+        "fault_ranks": fault_ranks,
         "detected_at": iso(detected),
         "total_ms": round((entries[-1][1] - detected) * 1000, 1),
         "phases": rows,
         "stacks": [
             {"fault_id": h.fault_id, "rank": h.event.rank, "node": h.event.node, "summary": h.summary}
             for h in hangs
-            if h.recovery == rec.recovery_id
+            if h.recovery == recovery
         ],
     }
 

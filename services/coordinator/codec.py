@@ -80,6 +80,10 @@ def recovery_from_pb(msg: pb.Recovery) -> Recovery:
     )
 
 
+def phase_log_to_pb(rec: Recovery) -> list[pb.PhaseEntry]:
+    return [pb.PhaseEntry(phase=_phase_to_pb(p), at=ts_from_s(t), epoch=e) for p, t, e in rec.phase_log]  # type: ignore[arg-type]
+
+
 def recovery_to_pb(rec: Recovery, uuid: str = "") -> pb.Recovery:
     msg = pb.Recovery(
         epoch=rec.epoch,
@@ -100,7 +104,7 @@ def recovery_to_pb(rec: Recovery, uuid: str = "") -> pb.Recovery:
         isolated=[pb.RankPlace(rank=r, node=n) for r, n in rec.isolated],
         outcome=rec.outcome,
         recovery_id=rec.recovery_id,
-        phase_log=[pb.PhaseEntry(phase=_phase_to_pb(p), at=ts_from_s(t), epoch=e) for p, t, e in rec.phase_log],  # type: ignore[arg-type]
+        phase_log=phase_log_to_pb(rec),
     )
     if rec.deadline_at is not None:
         msg.deadline_at.CopyFrom(ts_from_s(rec.deadline_at))

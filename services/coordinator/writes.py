@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
+from recoverd.coordinator.codec import phase_log_to_pb
 from recoverd.coordinator.effects import (
     Effect,
     EmitEvent,
@@ -162,6 +163,7 @@ def _command(effect: SendCommand, rec: Recovery, now: float) -> pb.Command:
 
 
 def _outcome(effect: RecordOutcome, rec: Recovery, now: float) -> pb.RecoveryOutcome:
+    detected = [f.detected_at for f in rec.faults if f.detected_at > 0]
     return pb.RecoveryOutcome(
         epoch=rec.epoch,
         strategy=effect.strategy,
@@ -169,6 +171,9 @@ def _outcome(effect: RecordOutcome, rec: Recovery, now: float) -> pb.RecoveryOut
         opened_at=ts_from_s(rec.opened_at),
         closed_at=ts_from_s(now),
         ok=effect.ok,
+        recovery_id=rec.recovery_id,
+        phase_log=phase_log_to_pb(rec),
+        detected_at=ts_from_s(min(detected) if detected else rec.opened_at),
     )
 
 

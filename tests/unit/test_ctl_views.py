@@ -18,7 +18,7 @@ from recoverd.cli.ctl import build_parser
 from recoverd.cli.follow import follow_events
 from recoverd.cli.reads import UnknownJob
 from recoverd.cli.render import format_jobs, job_row
-from recoverd.cli.timeline import unavailable
+from recoverd.cli.timeline import timeline_dict, unavailable
 from recoverd.cli.watchview import frame, watch_status
 from recoverd.jobview import JobView
 from recoverd.keys import Keyspace, RunRef
@@ -235,6 +235,26 @@ def test_job_rows_count_running_ranks_on_live_nodes_and_list_bad_specs() -> None
     assert format_jobs([], "/t/v1") == "no jobs under /t/v1"
 
 
+def test_an_earlier_timeline_comes_from_its_outcome_in_the_history() -> None:
+    view = JobView(1)
+    entry = pb.PhaseEntry(phase=pb.PHASE_COLLECTING)
+    entry.at.FromSeconds(101)
+    done = pb.PhaseEntry(phase=pb.PHASE_DONE)
+    done.at.FromSeconds(102)
+    outcome = pb.RecoveryOutcome(recovery_id=2, strategy="exit", ranks=[3], phase_log=[entry, done])
+    outcome.detected_at.FromSeconds(100)
+    view.recovery = pb.Recovery(recovery_id=3)
+    view.history = pb.History(outcomes=[pb.RecoveryOutcome(recovery_id=2, strategy="recover-in-place"), outcome])
+    assert unavailable(view, 2) is None
+    data = timeline_dict(view, (), 2)
+    assert data is not None and (data["recovery"], data["strategy"], data["fault_ranks"]) == (2, "exit", [3])
+    assert [(p["phase"], p["at_ms"]) for p in data["phases"]] == [
+        ("DETECTED", 0.0),
+        ("COLLECTING", 1000.0),
+        ("DONE", 2000.0),
+    ]
+
+
 def test_timeline_is_kept_for_the_last_recovery_only() -> None:
     view = JobView(1)
     assert unavailable(view, None) is None
@@ -244,7 +264,7 @@ def test_timeline_is_kept_for_the_last_recovery_only() -> None:
     assert unavailable(view, 4) == "no recovery 4: the job's recoveries are 1 to 3"
     assert unavailable(view, 0) == "no recovery 0: the job's recoveries are 1 to 3"
     why = unavailable(view, 2)
-    assert why is not None and why.startswith("recovery 2's phase log is not kept: only the last recovery (3)")
+    assert why is not None and why.startswith("recovery 2's phase log is not kept: its outcomes left the history")
 
 
 def test_plot_bars_follow_the_phases() -> None:

@@ -454,20 +454,26 @@ class Decision(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., strategy: _Optional[str] = ..., reasons: _Optional[_Iterable[str]] = ..., give_up: _Optional[bool] = ..., allowed: _Optional[_Iterable[str]] = ..., candidates: _Optional[_Iterable[str]] = ..., fault_ranks: _Optional[_Iterable[int]] = ..., failed_strategies: _Optional[_Iterable[str]] = ..., decided_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., decided_by: _Optional[str] = ..., expected_cost_s: _Optional[float] = ..., moves: _Optional[_Iterable[_Union[NodeMove, _Mapping]]] = ..., spares: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RecoveryOutcome(_message.Message):
-    __slots__ = ("epoch", "strategy", "ranks", "opened_at", "closed_at", "ok")
+    __slots__ = ("epoch", "strategy", "ranks", "opened_at", "closed_at", "ok", "recovery_id", "phase_log", "detected_at")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
     OPENED_AT_FIELD_NUMBER: _ClassVar[int]
     CLOSED_AT_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_ID_FIELD_NUMBER: _ClassVar[int]
+    PHASE_LOG_FIELD_NUMBER: _ClassVar[int]
+    DETECTED_AT_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     strategy: str
     ranks: _containers.RepeatedScalarFieldContainer[int]
     opened_at: _timestamp_pb2.Timestamp
     closed_at: _timestamp_pb2.Timestamp
     ok: bool
-    def __init__(self, epoch: _Optional[int] = ..., strategy: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., opened_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., closed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ok: _Optional[bool] = ...) -> None: ...
+    recovery_id: int
+    phase_log: _containers.RepeatedCompositeFieldContainer[PhaseEntry]
+    detected_at: _timestamp_pb2.Timestamp
+    def __init__(self, epoch: _Optional[int] = ..., strategy: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., opened_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., closed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ok: _Optional[bool] = ..., recovery_id: _Optional[int] = ..., phase_log: _Optional[_Iterable[_Union[PhaseEntry, _Mapping]]] = ..., detected_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class History(_message.Message):
     __slots__ = ("outcomes",)

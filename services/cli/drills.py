@@ -2,7 +2,8 @@
 
 ``inject JOB --rank R --kind kill|exit|hang`` writes a drill for the agent of the node that runs
 rank R (``drills/<node>``, docs/keyspace.md) and waits for the agent to take it: the agent records
-it as an event and signals the rank (kill: SIGKILL, exit: SIGTERM, hang: SIGSTOP); recoverd then
+it as an event and signals the rank (kill: SIGKILL, exit: SIGTERM, hang: SIGSTOP, only for a rank
+that reports progress, so that the hang detector finds it); recoverd then
 recovers the job as it would from the real fault. It is authorised by etcd: only a user allowed to
 write the job's keys (its agent role, or the control plane's; docs/security.md) can ask, and who
 asked is recorded. One drill per node at a time.

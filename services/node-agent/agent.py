@@ -759,8 +759,13 @@ class NodeAgent:
         why = ""
         if slot is None or proc is None or not slot.is_running:
             why = f"rank {drill.rank} is not running on node {self.settings.node}"
-        elif drill.kind == "hang" and self.detectors.get(HangDetector) is None:
+        elif drill.kind == "hang" and (hang := self.detectors.get(HangDetector)) is None:
             why = "a hang drill needs hang detection on this agent (it runs with --no-hang-detection)"
+        elif drill.kind == "hang" and hang is not None and not hang.watches(drill.rank):
+            why = (
+                f"rank {drill.rank} has reported no progress (taskd_client.heartbeat, or the policy's"
+                " hang.log_pattern), so its hang would not be found: stopping it would wedge the job unseen"
+            )
         elif not _same_process(proc):
             why = f"rank {drill.rank}'s pid {proc.pid} is another process now"
         who = f" by {drill.requested_by}" if drill.requested_by else ""

@@ -52,15 +52,25 @@ def test_inject_kill_is_carried_out_by_the_agent_and_recovered_in_place(cluster:
     assert again.returncode == 2 and "has ranks 0..1, not 7" in again.stderr
 
 
-def test_a_drill_the_agent_cannot_do_is_refused_and_touches_nothing(cluster: Cluster) -> None:
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        (("--no-hang-detection",), "refused, a hang drill needs hang detection"),
+        ((), "refused, rank 0 has reported no progress"),  # no heartbeat: its hang would go unseen
+    ],
+    ids=["no-hang-detection", "no-progress-reports"],
+)
+def test_a_drill_the_agent_cannot_do_is_refused_and_touches_nothing(
+    cluster: Cluster, extra: tuple[str, ...], why: str
+) -> None:
     job = "job-drill-refused"
     cluster.coordinator()
     cluster.strategy()
-    cluster.agent(job, nproc=2, strategies="recover-in-place,exit", extra=("--no-hang-detection",))
+    cluster.agent(job, nproc=2, strategies="recover-in-place,exit", extra=extra)
     before = cluster.wait_running(job, 2)
     done = _ctl(cluster, "inject", job, "--rank", "0", "--kind", "hang")
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "refused, a hang drill needs hang detection" in done.stdout
+    assert why in done.stdout
     assert {r: s.pid for r, s in cluster.ranks(job).items()} == {r: s.pid for r, s in before.items()}
     assert cluster.view(job).recovery is None
     assert "drill_refused" in [e.reason for e in cluster.events(job)]

@@ -102,6 +102,11 @@ class HangDetector(Detector):
             with contextlib.suppress(OSError):  # lines written before this incarnation are not its progress
                 self._log_offsets[(slot.rank, slot.proc.pid)] = os.stat(log_path).st_size
 
+    def watches(self, rank: int) -> bool:
+        """``rank`` has reported progress, so a hang of it would be found (one that never reported
+        is not judged: stopping it would wedge its job unseen)."""
+        return self.tracker.timeout(rank) is not None
+
     def rank_ended(self, slot: RankSlot) -> None:
         self.tracker.ended(slot.rank)
         self._reporters.pop(slot.rank, None)

@@ -125,12 +125,18 @@ def test_retry_rolls_the_step_back_in_every_rank_without_a_restart(cluster: Clus
     assert {r: s.pid for r, s in after.items()} == {r: s.pid for r, s in before.items()}
     assert all(s.restart_count == 0 for s in after.values())
     logs = {r: _log(cluster, job, r) for r in range(WORLD)}
-    # On failure, every rank's recovery lines and the agent's log (a rare CI failure of this check
-    # could not be explained from rank 0's tail alone).
     story = "\n".join(f"--- rank {r}:\n{_not_steps(text)}" for r, text in logs.items()) + "\n" + cluster.logs()
+    assert "retryable fault in step 20" in logs[2], story
+    # Every rank resumes at the same step after the retry: 20, or 19 when a peer's step-19 all-reduce
+    # was still finishing as rank 2 aborted the generation (a ring all-reduce completes on one rank
+    # before another). That peer is then at 19, the lowest step, and the others roll back to it
+    # (the trainer's rule). Under load this happens; insisting on 20 made this test fail in CI.
+    resumed = {r: [int(s) for s in re.findall(r"resuming at step (\d+)", text)] for r, text in logs.items()}
+    assert all(steps[:1] == [0] and len(steps) >= 2 for steps in resumed.values()), story
+    agreed = {steps[-1] for steps in resumed.values()}
+    assert len(agreed) == 1 and agreed <= {19, 20}, story
     for r, text in logs.items():
-        assert "resuming at step 20" in text, f"rank {r}\n{story}"
-        assert _done_steps(text, r).count(20) == 1 or r == 2  # step 20 re-run: applied once
+        assert _done_steps(text, r).count(20) == 1 or r == 2, story  # step 20 applied once
     assert finals == dict.fromkeys(range(WORLD), reference)
     assert cluster.view(job).recovery is None, "no process-level recovery was needed"
     assert pb.RANK_SUCCEEDED == after[0].state

@@ -115,6 +115,8 @@ KEEPALIVE_RETRY_S = 0.05
 #: Keep-alives of one lease in flight at once (a late one gets another beside it).
 KEEPALIVE_IN_FLIGHT = 3
 _COMPACTED_RETRIES = 3
+#: How long re-creating a lost watch may take before it is tried again (see ``watch_prefix``).
+WATCH_RECREATE_S = 1.0
 
 
 def _raw(key: str) -> bytes:
@@ -406,6 +408,9 @@ class Store:
         self._warned_ttl: tuple[int, int] | None = None
         #: Dropped connections, closed once the calls still in flight on them had their time.
         self._retiring: set[asyncio.Task[None]] = set()
+        #: Leases judged lost that may still be alive (an etcd restart re-arms them): revoked before
+        #: the next grant, so their keys do not outlive the owner's giving up on them.
+        self._abandoned: set[int] = set()
         #: Set by every call that succeeds, cleared when a connection is dropped: a retry waiting
         #: in :meth:`wait_retry` goes as soon as etcd answers anyone again.
         self._up = asyncio.Event()
@@ -826,6 +831,18 @@ class Store:
     async def _revoke(self, lease_id: int) -> None:
         await self._call("revoke_lease", lease_id)
 
+    async def _revoke_abandoned(self) -> None:
+        """Revoke leases this store's owners gave up as lost (see :meth:`LeaseKeeper.aclose`);
+        best effort: one still unreachable is tried again before the next grant."""
+        for lease_id in sorted(self._abandoned):
+            try:
+                await _bounded(self._revoke(lease_id), limit_s=self.op_timeout_s)
+            except EtcdRefused:  # "lease not found": it did expire after all
+                pass
+            except (EtcdUnavailable, TimeoutError):
+                return
+            self._abandoned.discard(lease_id)
+
     # ---------------------------------------------------------------- watches
     def watch_key(self, key: str, start_revision: int) -> AsyncIterator[WatchEvent | Resync]:
         """Every change of exactly ``key``; otherwise as :meth:`watch_prefix`."""
@@ -855,9 +872,12 @@ class Store:
                 client = await self._get_client()
                 if skip_to_now:
                     next_rev, skip_to_now = await self.revision() + 1, False
+                # Re-creating a lost watch gets a short bound: a creation started while etcd was down
+                # can wait on a dead stream for its whole timeout after etcd is back (measured: an
+                # agent deaf for 3.5 s after an etcd restart). A healthy creation takes milliseconds.
                 watch = await _bounded(
                     client.watch(key, range_end=None if exact else _prefix_end(key), start_revision=next_rev),
-                    limit_s=self.op_timeout_s,
+                    limit_s=self.op_timeout_s if resync is None else min(self.op_timeout_s, WATCH_RECREATE_S),
                 )
                 # aetcd waits for the watch to be created with asyncio.wait_for, which on 3.11 can
                 # swallow a cancellation that races with the answer (ADR 0008): the task would then
@@ -956,6 +976,7 @@ class LeaseKeeper:
         return self.ttl * KEEPALIVE_FRACTION
 
     async def __aenter__(self) -> LeaseKeeper:
+        await self.store._revoke_abandoned()
         asked = time.monotonic()
         self.id, granted = await self.store._grant_ttl(self.ttl)
         self._granted = (asked, time.monotonic())
@@ -988,6 +1009,11 @@ class LeaseKeeper:
         if revoke and self.id and not self.lost.is_set():
             with contextlib.suppress(Exception):
                 await _bounded(self.store._revoke(self.id), limit_s=1.0)
+        elif revoke and self.id:
+            # Judged lost, but an etcd that restarts re-arms every lease with its full TTL: its keys
+            # (a leader key, a node record) would block a new campaign or registration for one more
+            # TTL. It is ours and given up: revoked before this store's next lease is granted.
+            self.store._abandoned.add(self.id)
         self.lost.set()
 
     async def _keep_alive(self) -> None:

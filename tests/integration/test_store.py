@@ -328,3 +328,22 @@ async def test_watch_from_compacted_revision_resyncs_then_continues(key_prefix: 
         assert all(e.mod_revision >= compact_to for e in events)
         # Resumes at the compaction point: what is still in history is delivered once, then the rest.
         assert [e.key for e in events] == [f"{key_prefix}/old4"] + [f"{key_prefix}/k{i}" for i in range(3)]
+
+
+async def test_a_lease_given_up_during_an_outage_is_revoked_before_the_next_grant(key_prefix: str) -> None:
+    """An etcd restart re-arms every lease with its full TTL: a lease its keeper judged lost would
+    keep its keys (a leader key, a node record) one more TTL and block a new campaign. The store
+    revokes it before granting the next one, so the old key is gone at once."""
+    with EmbeddedEtcd(for_tests=True) as etcd:
+        async with Store(etcd.endpoint, op_timeout_s=1) as store:
+            key = f"{key_prefix}/leader"
+            keeper = store.lease(3)
+            await keeper.__aenter__()
+            await store.put(key, b"old term", lease=keeper.id)
+            etcd.kill9()
+            await asyncio.wait_for(keeper.lost.wait(), timeout=10)  # no keep-alive for a whole TTL
+            await keeper.aclose()  # the owner gives the lease up (etcd is still down: not revoked yet)
+            etcd.restart()
+            async with store.lease(3) as fresh:
+                assert fresh.id != keeper.id
+                assert await store.get(key) is None, "the given-up lease's key outlived it"

@@ -37,6 +37,10 @@ class FakeStore:
         self.cancelled = 0
         self.revoked: list[int] = []
         self.changed = asyncio.Event()
+        self._abandoned: set[int] = set()
+
+    async def _revoke_abandoned(self) -> None:
+        self._abandoned.clear()
 
     async def _grant_ttl(self, ttl: int) -> tuple[int, int]:
         return 0x5EED, self.granted or ttl

@@ -11,26 +11,19 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from dataclasses import dataclass
 
 from recoverd.records import pb
 
 from .cluster import Cluster
+from .test_bad_input import _cli
 
 JOB = "job-ctl"
 
 
 def cli(module: str, args: list[str], timeout: float = 15) -> subprocess.CompletedProcess[str]:
     """``python -m MODULE ARGS`` (``recoverd.cli.ctl`` is recoverctl), with no etcd from the environment."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RECOVERD_ETCD", "RECOVERD_PREFIX")}
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**env, "GRPC_VERBOSITY": "ERROR"},
-    )
+    return _cli(module, args, timeout)
 
 
 @dataclass

@@ -123,6 +123,8 @@ def _agent_settings(args: argparse.Namespace, etcd: str, job: str, nnodes: int, 
         nvml=args.nvml,
         spare=bool(getattr(args, "spare", False)),
         warm_spares=args.warm_spares,
+        warm_start=not args.no_warm_start,
+        warm_start_modules=args.warm_start_modules,
         hang_detection=not args.no_hang_detection,
     )
 

@@ -154,6 +154,19 @@ def add_job(parser: argparse.ArgumentParser, *, job_required: bool) -> None:
         " rank at once (scripts that call taskd_client.pytorch.wait_for_rank(); docs/pytorch.md; default 0)",
     )
     parser.add_argument(
+        "--no-warm-start",
+        action="store_true",
+        help="start every rank as a new interpreter; by default a restarted rank of a `python script.py`"
+        " command is forked from an interpreter that has imported the framework already (docs/pytorch.md)",
+    )
+    parser.add_argument(
+        "--warm-start-modules",
+        default="auto",
+        metavar="MODULES",
+        help="what that interpreter imports, comma-separated (default: auto, the framework the script imports:"
+        " torch with taskd_client.pytorch, or mindspore; none: plain starts)",
+    )
+    parser.add_argument(
         "--reset-json", default=None, help="a device plugin's reset.json to turn into faults (watched, never written)"
     )
     parser.add_argument("--reset-json-mirror", default=None, help="write recoverd's state here in reset.json form")

@@ -74,6 +74,7 @@ from recoverd.agent.settings import (
     AgentSettings,
 )
 from recoverd.agent.warm import WarmSpares
+from recoverd.agent.warmstart import WarmStart
 from recoverd.agent.watched import WatchedKeys
 from recoverd.errors import (
     BadRecord,
@@ -152,7 +153,7 @@ class NodeAgent:
         self.store = store
         self.keys = keys
         self.settings = settings
-        self._protected_pids = protected_pids
+        self._protected_pids = lambda: protected_pids() | self._warm_start_pids()
         self._runtime_factory = runtime
         self.participant = participants.of_node(settings.node)
         self.table = RankTable(settings.node, settings.nproc_per_node, settings.local_ranks)
@@ -170,6 +171,7 @@ class NodeAgent:
         )
         self._launcher: RankRuntime | None = None
         self._warm: WarmSpares | None = None
+        self._warm_start: WarmStart | None = None
         self._wake = asyncio.Event()
         #: The keys this agent watches, as its watches last delivered them (its reconcile's reads).
         self._watched = WatchedKeys(store)
@@ -298,6 +300,7 @@ class NodeAgent:
             reaps = isinstance(self._launcher, Launcher)
             if reaps:
                 loop.add_signal_handler(signal.SIGCHLD, self._launcher.reap_strays)
+            self._start_warm_start()
             self._start_all(generation=0, header="launch")
             self._warm.fill()
             try:
@@ -322,6 +325,8 @@ class NodeAgent:
                     loop.remove_signal_handler(signum)
             return code
         finally:
+            if self._warm_start is not None:
+                self._warm_start.stop()
             if self._launcher is not None and self._launcher.processes and not self._leaves_ranks:
                 await self._stop_ranks(list(self.table))
                 await self._warm.stop(self.settings.stop_grace_s)
@@ -356,6 +361,8 @@ class NodeAgent:
         await self._stop_ranks(self.table.running())
         assert self._warm is not None
         await self._warm.stop(self.settings.stop_grace_s)
+        if self._warm_start is not None:
+            self._warm_start.stop()
         if self._launcher is not None:
             killed = self._launcher.kill_strays()
             if killed:
@@ -566,7 +573,7 @@ class NodeAgent:
             f" generation {generation} restart {slot.restart_count}",
         )
         try:
-            slot.proc = self._warm.take(launch) or self._launcher.start(launch)
+            slot.proc = self._warm.take(launch) or self._warm_started(launch) or self._launcher.start(launch)
         except LaunchFailed as err:
             log.error("%s", err)
             slot.proc = None
@@ -576,6 +583,24 @@ class NodeAgent:
         slot.state, slot.exit_code, slot.signal, slot.is_stopping = pb.RANK_RUNNING, 0, 0, False
         self.detectors.rank_started(slot)
         self.outbox.mark_dirty()
+
+    def _warm_started(self, launch: RankLaunch) -> RankProcess | None:
+        return self._warm_start.spawn(launch) if self._warm_start is not None else None
+
+    def _warm_start_pids(self) -> set[int]:
+        pid = self._warm_start.pid if self._warm_start is not None else None
+        return {pid} if pid else set()
+
+    def _start_warm_start(self) -> None:
+        """The warm-start server (docs/pytorch.md): only where this agent starts the processes."""
+        if not self.settings.warm_start or not isinstance(self._launcher, Launcher):
+            return
+        spare = self._spare_launch()
+        log_path = os.path.join(self.settings.log_dir, "warm-start.log") if self.settings.log_dir else None
+        self._warm_start = WarmStart(
+            self._launcher, self.settings.argv, spare.env, self.settings.cwd, self.settings.warm_start_modules, log_path
+        )
+        self._warm_start.start()
 
     def _spare_launch(self) -> RankLaunch:
         spec = self.membership.spec

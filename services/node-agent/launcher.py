@@ -303,6 +303,28 @@ class Launcher:
         spare.log_path = launch.log_path
         return spare
 
+    def track_child(self, launch: RankLaunch, pid: int) -> RankProcess:
+        """Watch a rank that was forked for us (a warm start, :mod:`recoverd.agent.warmstart`): it
+        leads its own process group and has been re-parented to us (we are a subreaper), so it is
+        reaped, and its exit status read, as for a process :meth:`start` made."""
+        try:
+            pidfd = os.pidfd_open(pid)
+            started_at = process_start_time(pid)
+        except (psutil.Error, OSError) as err:
+            raise LaunchFailed(f"rank {launch.rank}: forked pid {pid} is gone ({err})") from err
+        proc = RankProcess(
+            rank=launch.rank,
+            pid=pid,
+            pgid=pid,
+            started_at=started_at,
+            log_path=launch.log_path,
+            exited=self._loop.create_future(),
+            _pidfd=pidfd,
+        )
+        self._procs.add(proc)
+        self._loop.add_reader(pidfd, self._reap, proc)
+        return proc
+
     def adopt(self, rank: int, pid: int, started_at: float, log_path: str | None) -> RankProcess:
         """Watch a rank that a previous incarnation of this agent started (same node, same run).
 

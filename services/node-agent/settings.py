@@ -100,6 +100,12 @@ class AgentSettings:
     #: Seconds to wait after a warm spare is used before starting the next one (it would compete
     #: for CPU with the recovery it just sped up).
     warm_spare_refill_s: float = 1.0
+    #: Fork restarted ranks from a pre-imported interpreter (recoverd.agent.warmstart): any plain
+    #: ``python script.py`` / ``python -m module`` command, no code change (docs/pytorch.md).
+    warm_start: bool = True
+    #: What that interpreter imports: "auto" (the framework the job's interpreter has) or a
+    #: comma-separated list of modules.
+    warm_start_modules: str = "auto"
     #: Judge the ranks' progress reports (hangs, stragglers: docs/detectors.md); the job's policy
     #: (``hang.enabled``) can still turn hang faults off. Off: no progress socket at all.
     hang_detection: bool = True

@@ -1,0 +1,228 @@
+"""The warm-start server: a pre-imported interpreter that forks the job's ranks (docs/pytorch.md).
+
+The agent starts this file with the job's own interpreter and interpreter options
+(``python -u warmstart_server.py --fd 5 ...``), in the job's environment minus the per-rank
+variables. It imports the framework once (``--preload``), then, for each rank the agent asks for,
+forks a process that becomes the rank and runs the job's script in it with :mod:`runpy`: a
+restarted rank pays neither interpreter start-up nor ``import torch`` (~1.5 s here).
+
+Why it is safe, and where it is not:
+
+* **No thread but the main one at the fork, no CUDA.** Before every fork the server counts its
+  native threads (``/proc/self/task``) and refuses with the reason if there is more than one, or if
+  ``torch.cuda`` was initialised: a lock held by another thread, or a CUDA context, does not survive
+  a fork. Importing modules starts no thread; running any computation would, so the server never
+  computes. numpy's OpenBLAS starts a thread pool when it loads: the agent starts the server with
+  ``OPENBLAS_NUM_THREADS=1`` unless the job sets it (then, with a pool, forks are refused).
+* **The rank is not our child.** The server forks an intermediate process that forks the rank and
+  exits at once, so the rank is re-parented to the agent (a child subreaper): the agent reaps it
+  and reads its real exit status as for a rank it started itself. The rank leads a new session
+  (its own process group: the agent's group kill reaches its whole tree).
+* **A fresh process in all that a script can see**: ``os.environ`` is the rank's (variables read
+  at import time by the preloaded modules keep the server's values, which are the job's), stdout
+  and stderr go to the rank's log, stdin is ``/dev/null``, ``sys.argv``, ``sys.path[0]``, the
+  working directory and ``__main__`` are as ``python script.py`` would make them, ``random`` and
+  numpy's global generator are reseeded, and at the end non-daemon threads are joined and
+  ``atexit`` handlers run before the exit status is set as Python sets it. Not reseeded: the
+  string hash seed (shared with the server; ``PYTHONHASHSEED`` of the rank is not applied).
+
+Protocol, on the inherited socket ``--fd``: the server sends one JSON line when it is ready
+(``{"ready": ..., "preloaded": [...], "failed": {...}}``), then answers each request line
+(``{"argv": [...], "env": {...}, "cwd": ..., "log_path": ...}``) with ``{"pid": N}`` or
+``{"error": "..."}``. It exits when the agent closes the socket. Only the standard library is used:
+the job's interpreter need not have recoverd installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import gc
+import importlib
+import json
+import os
+import runpy
+import signal
+import socket
+import sys
+import threading
+import traceback
+from typing import Any
+
+
+def native_threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+def fork_hazard() -> str | None:
+    """Why forking now would be unsafe, or None."""
+    threads = native_threads()
+    if threads != 1:
+        return f"{threads} threads are running in the warm-start server (a fork keeps only one)"
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and getattr(cuda, "is_initialized", lambda: False)():
+        return "CUDA was initialised in the warm-start server"
+    return None
+
+
+def preload(modules: list[str]) -> tuple[list[str], dict[str, str]]:
+    loaded: list[str] = []
+    failed: dict[str, str] = {}
+    for name in modules:
+        try:
+            importlib.import_module(name)
+            loaded.append(name)
+        except BaseException as err:  # a module that cannot load is reported, not fatal
+            failed[name] = f"{type(err).__name__}: {err}"[:300]
+    return loaded, failed
+
+
+def _reseed() -> None:
+    """A forked rank would otherwise share the server's random state with every other rank."""
+    rand = sys.modules.get("random")
+    if rand is not None:
+        rand.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        try:
+            numpy.random.seed()
+        except Exception:  # an odd numpy build: leave its generator alone
+            pass
+
+
+def _exit_status(err: SystemExit) -> int:
+    """What Python's own exit would make of ``sys.exit(code)``."""
+    code = err.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def become_rank(request: dict[str, Any], server_fd: int) -> None:
+    """In the forked rank: take the rank's identity, run the script, exit as Python would. Never returns."""
+    code = 1
+    try:
+        os.close(server_fd)
+        os.setsid()
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        log_path = request.get("log_path")
+        if log_path:
+            target = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.dup2(target, 1)
+            os.dup2(target, 2)
+            os.close(target)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        if request.get("cwd"):
+            os.chdir(request["cwd"])
+        _reseed()
+        argv: list[str] = request["argv"]
+        module = request.get("module")
+        if module:
+            sys.argv = [module, *argv]
+            sys.path[0] = os.getcwd()
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            script = argv[0]
+            sys.argv = list(argv)
+            sys.path[0] = os.path.dirname(os.path.abspath(script))
+            runpy.run_path(script, run_name="__main__")
+        code = 0
+    except SystemExit as err:
+        code = _exit_status(err)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        code = 128 + signal.SIGINT
+    except BaseException:  # the script's uncaught exception: printed as Python prints it
+        traceback.print_exc()
+        code = 1
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]  # join non-daemon threads, as Python does
+        atexit._run_exitfuncs()
+    except BaseException:  # an exit handler's error must not lose the status
+        traceback.print_exc()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)
+
+
+def fork_rank(request: dict[str, Any], server_fd: int) -> dict[str, Any]:
+    """Fork twice so that the rank is re-parented to the agent; return ``{"pid": rank}``."""
+    hazard = fork_hazard()
+    if hazard:
+        return {"error": hazard}
+    read_fd, write_fd = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        os.close(read_fd)
+        try:
+            pid = os.fork()
+        except OSError:
+            os._exit(1)
+        if pid == 0:
+            os.close(write_fd)
+            become_rank(request, server_fd)
+        os.write(write_fd, str(pid).encode())
+        os._exit(0)
+    os.close(write_fd)
+    chunks = []
+    while True:
+        chunk = os.read(read_fd, 64)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(read_fd)
+    os.waitpid(middle, 0)  # the rank is the agent's child once this has returned
+    text = b"".join(chunks).decode()
+    if not text.isdigit():
+        return {"error": "the fork failed"}
+    return {"pid": int(text)}
+
+
+def serve(sock: socket.socket, modules: list[str]) -> int:
+    loaded, failed = preload(modules)
+    gc.collect()
+    gc.freeze()  # the preloaded objects stay out of every collection: fewer pages copied per rank
+    reader = sock.makefile("rb")
+    hello = {"ready": True, "pid": os.getpid(), "preloaded": loaded, "failed": failed, "hazard": fork_hazard()}
+    sock.sendall((json.dumps(hello) + "\n").encode())
+    for line in reader:
+        try:
+            request = json.loads(line)
+            answer = fork_rank(request, sock.fileno())
+        except Exception as err:  # a bad request is answered, never fatal
+            answer = {"error": f"{type(err).__name__}: {err}"[:300]}
+        sock.sendall((json.dumps(answer) + "\n").encode())
+    return 0  # the agent closed the socket: it is gone or stopping
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--fd", type=int, required=True, help="the socket inherited from the agent")
+    parser.add_argument("--path0", default="", help="sys.path[0] as the job's command would have it")
+    parser.add_argument("--preload", default="", help="modules to import, comma-separated")
+    args = parser.parse_args(argv)
+    # This file's directory must not shadow the job's modules (agent.py, settings.py, ...).
+    sys.path[0] = args.path0 or os.getcwd()
+    sock = socket.socket(fileno=args.fd)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C at the terminal is the agent's to handle
+    return serve(sock, [m for m in args.preload.split(",") if m])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

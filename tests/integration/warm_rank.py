@@ -1,0 +1,42 @@
+"""A rank for tests/integration/test_warm_start.py: says what it sees, then trains (sleeps).
+
+It prints one ``identity`` line of JSON: what a script can observe of how it was started (its
+environment's rank, ``sys.argv``, ``__name__``, ``__file__``, the working directory, its process
+group and session, whether ``decimal`` was imported before this script imported it, a random
+number). The first replacement (``RECOVERD_RESTART_COUNT=1``) exits with code 3 after that line,
+so the test can check the exit status the agent records; every other incarnation sleeps.
+"""
+
+import json
+import os
+import random
+import sys
+import time
+
+preloaded = "decimal" in sys.modules
+import decimal  # noqa: E402,F401 - what the warm-start server preloads in the test
+
+print(
+    "identity "
+    + json.dumps(
+        {
+            "rank": os.environ.get("RANK"),
+            "restart": os.environ.get("RECOVERD_RESTART_COUNT"),
+            "argv": sys.argv,
+            "name": __name__,
+            "file": os.path.abspath(__file__),
+            "cwd": os.getcwd(),
+            "path0": sys.path[0],
+            "pid": os.getpid(),
+            "pgid": os.getpgid(0),
+            "sid": os.getsid(0),
+            "preloaded": preloaded,
+            "random": random.random(),
+            "stdin_is_null": os.path.realpath("/proc/self/fd/0") == "/dev/null",
+        }
+    ),
+    flush=True,
+)
+if os.environ.get("RECOVERD_RESTART_COUNT") == "1":
+    sys.exit(3)
+time.sleep(600)

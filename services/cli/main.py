@@ -65,6 +65,7 @@ def _coordinator_settings(args: argparse.Namespace) -> CoordinatorSettings:
     return CoordinatorSettings(
         timeouts=Timeouts(
             fault_window_s=args.fault_window,
+            fault_settle_s=args.fault_settle,
             stop_s=args.stop_timeout,
             strategies_s=args.strategies_timeout,
             decide_s=args.decide_timeout,

@@ -76,7 +76,14 @@ def add_timeouts(parser: argparse.ArgumentParser) -> None:
         "--fault-window",
         type=positive(float),
         default=default.fault_window_s,
-        help="collect faults this long before stopping (%(default)s)",
+        help="collect faults at most this long before stopping (%(default)s)",
+    )
+    group.add_argument(
+        "--fault-settle",
+        type=non_negative(float),
+        default=default.fault_settle_s,
+        help="stop collecting once no fault arrived for this long, within the window (%(default)s; 0: the whole"
+        " window)",
     )
     group.add_argument("--stop-timeout", type=positive(float), default=default.stop_s, help="%(default)s")
     group.add_argument("--strategies-timeout", type=positive(float), default=default.strategies_s, help="%(default)s")

@@ -67,6 +67,18 @@ class Timeouts:
     strategies_s: float = 10.0
     decide_s: float = 30.0
     recover_s: float = 60.0
+    #: COLLECTING also ends this long after the last fault arrived (0: only the window ends it).
+    #: A burst (a node's ranks, a collective's cascade) arrives within milliseconds; waiting out the
+    #: whole window after it only delays the recovery (docs/adr/0033).
+    fault_settle_s: float = 0.03
+
+    def collect_deadline(self, opened_at: float, last_fault_at: float) -> float:
+        """When COLLECTING ends: ``fault_settle_s`` after the last fault, at most ``fault_window_s``
+        after the first."""
+        window_end = opened_at + self.fault_window_s
+        if self.fault_settle_s <= 0:
+            return window_end
+        return min(window_end, last_fault_at + self.fault_settle_s)
 
     def for_phase(self, phase: Phase) -> float | None:
         return {

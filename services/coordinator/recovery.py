@@ -233,6 +233,7 @@ def _open(rec: Recovery, event: FaultReported, now: float, timeouts: Timeouts) -
         isolated=rec.isolated,
     )
     new = _enter(new, Phase.COLLECTING, now, timeouts)
+    new = dataclasses.replace(new, deadline_at=timeouts.collect_deadline(now, now))
     f = news[0]
     effects: list[Effect] = [
         EmitEvent(
@@ -254,7 +255,8 @@ def _merge_fault(rec: Recovery, event: FaultReported, now: float, timeouts: Time
     faults = (*rec.faults, *news)
     message = _merged_message(rec, news)
     if rec.phase is Phase.COLLECTING:
-        return dataclasses.replace(rec, faults=faults), [EmitEvent("fault_merged", message)]
+        deadline = timeouts.collect_deadline(rec.opened_at, now)
+        return dataclasses.replace(rec, faults=faults, deadline_at=deadline), [EmitEvent("fault_merged", message)]
     new = _enter(
         dataclasses.replace(rec, faults=faults, epoch=rec.epoch + 1, supported=None, strategy=""),
         Phase.STOPPING,

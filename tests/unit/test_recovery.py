@@ -33,7 +33,8 @@ from recoverd.participants import of_node
 from recoverd.strategies import CHEAPER_THAN_EXIT
 
 #: Distinct values, so a deadline armed with the wrong phase's timeout is caught.
-T = Timeouts(fault_window_s=1.0, stop_s=2.0, strategies_s=3.0, decide_s=4.0, recover_s=5.0)
+#: fault_settle_s=0: COLLECTING lasts the whole window in these tests (the settling has its own).
+T = Timeouts(fault_window_s=1.0, stop_s=2.0, strategies_s=3.0, decide_s=4.0, recover_s=5.0, fault_settle_s=0)
 T0 = 100.0
 ALL_STRATEGIES = (*CHEAPER_THAN_EXIT, "exit")
 EVENT_TYPES: tuple[type, ...] = typing.get_args(Event)
@@ -261,9 +262,13 @@ def test_guarded_transition_enters_table_target(phase: Phase, event_type: type) 
     new, _ = apply(rec, event, now)
     target = TRANSITIONS[phase, event_type]
     assert new.phase is target
-    assert new.deadline_at == (now + T.for_phase(target) if target is not Phase.DONE else None) or (
-        target is phase and new.deadline_at == rec.deadline_at
-    )
+    if target is Phase.COLLECTING and event_type is FaultReported:
+        # COLLECTING ends fault_settle_s after the last fault, within the window.
+        assert new.deadline_at == T.collect_deadline(new.opened_at, now)
+    else:
+        assert new.deadline_at == (now + T.for_phase(target) if target is not Phase.DONE else None) or (
+            target is phase and new.deadline_at == rec.deadline_at
+        )
     if target is not phase or (phase, event_type) == (Phase.STOPPING, FaultReported):
         assert new.phase_log[-1] == (target, now, new.epoch)
         assert new.reported == frozenset()
@@ -703,7 +708,7 @@ def test_recovering_exit_deadline_fails_the_job() -> None:
 
 def test_default_timeouts_are_used_without_an_argument() -> None:
     rec, _ = step(Recovery(), FaultReported(fault(), frozenset({"a"})), 10.0)
-    assert rec.deadline_at == 10.0 + Timeouts().fault_window_s
+    assert rec.deadline_at == 10.0 + Timeouts().fault_settle_s
 
 
 # ============================================================ 5. merged faults
@@ -1562,3 +1567,25 @@ def test_faults_read_together_restart_the_round_once() -> None:
     # Opening a recovery with several faults collects them all, in the same epoch.
     opened, _ = step(Recovery(epoch=6), FaultReported(lost[0], more=lost[1:]), now=60.0)
     assert (opened.phase, opened.epoch, len(opened.faults)) == (Phase.COLLECTING, 7, 8)
+
+
+def test_collecting_ends_when_the_faults_settle_within_the_window() -> None:
+    """A burst is collected as it arrives; once quiet for fault_settle_s the recovery stops the
+    ranks, without waiting out the window; a steady trickle is cut at the window."""
+    timeouts = Timeouts(fault_window_s=0.2, fault_settle_s=0.03)
+    rec, _ = step(Recovery(), FaultReported(fault("f1", 1), frozenset({"agents"})), 100.0, timeouts)
+    assert rec.phase is Phase.COLLECTING and rec.deadline_at == pytest.approx(100.03)
+    rec, _ = step(rec, FaultReported(fault("f2", 2)), 100.02, timeouts)  # in the burst: settles later
+    assert rec.deadline_at == pytest.approx(100.05) and len(rec.faults) == 2
+    for i, at in enumerate((100.04, 100.06, 100.08, 100.10, 100.12, 100.14, 100.16, 100.18), start=3):
+        rec, _ = step(rec, FaultReported(fault(f"f{i}", i)), at, timeouts)
+    assert rec.deadline_at == pytest.approx(100.2)  # the window caps a trickle
+    rec, _ = step(rec, DeadlinePassed(rec.epoch), 100.2, timeouts)
+    assert rec.phase is Phase.STOPPING and len(rec.faults) == 10
+    whole, _ = step(
+        Recovery(),
+        FaultReported(fault("f1", 1), frozenset({"agents"})),
+        100.0,
+        Timeouts(fault_window_s=0.2, fault_settle_s=0),
+    )
+    assert whole.deadline_at == pytest.approx(100.2)  # --fault-settle 0: the whole window, as before

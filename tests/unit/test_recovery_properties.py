@@ -256,7 +256,13 @@ class Checker:
             entered_at = new.phase_log[-1][1]
             assert entered_at == now
             limit = T.for_phase(new.phase)
-            assert new.deadline_at == (None if limit is None else now + limit)
+            if new.phase is Phase.COLLECTING:
+                assert new.deadline_at == T.collect_deadline(now, now)  # settles unless more faults come
+            else:
+                assert new.deadline_at == (None if limit is None else now + limit)
+        if new.phase is Phase.COLLECTING:
+            # The window caps how long faults are collected, however many keep coming.
+            assert new.deadline_at is not None and new.deadline_at <= new.opened_at + T.fault_window_s + 1e-9
         # Phase log: ordered in time, ends with the current phase and epoch.
         if new == Recovery(participants=new.participants):
             assert new.phase_log == ()
@@ -312,7 +318,8 @@ class Checker:
             assert new is prev and effects == []
         if event_type is FaultReported and prev.phase in ACTIVE_PHASES and new is not prev:
             if prev.phase is Phase.COLLECTING:
-                assert (new.phase, new.epoch, new.deadline_at) == (prev.phase, prev.epoch, prev.deadline_at)
+                settles = T.collect_deadline(prev.opened_at, now)  # quiet for fault_settle_s, within the window
+                assert (new.phase, new.epoch, new.deadline_at) == (prev.phase, prev.epoch, settles)
             else:
                 assert (new.phase, new.epoch, new.deadline_at) == (Phase.STOPPING, prev.epoch + 1, now + T.stop_s)
             assert new.faults[:-1] == prev.faults

@@ -94,13 +94,14 @@ def run_recoverd(args: argparse.Namespace) -> int:
         load_state=lambda: load_checkpoint(ckpt),
         timeout=timedelta(seconds=args.collective_timeout or 60.0),
         on_event=lambda text: print(f"{text} (at {time.time():.6f})", flush=True),
+        ddp=args.ddp,
     )
     injected = int(os.environ.get("RECOVERD_RESTART_COUNT", "0")) > 0
     for step in trainer.steps(args.steps):
         with trainer.step_scope():
             optimizer.zero_grad()
             x, y = batch(args.seed, step, rank, args.batch)
-            loss_fn(model(x), y).backward()
+            loss_fn((trainer.ddp if args.ddp else model)(x), y).backward()
             if step == args.retry_at_step and rank == args.retry_rank and not injected:
                 injected = True
                 raise RetryableFault("simulated uncorrectable memory error")
@@ -170,6 +171,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--ckpt-dir", default=None, help="checkpoint here every --ckpt-every steps; resume from it")
     parser.add_argument("--ckpt-every", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    parser.add_argument(
+        "--ddp", action="store_true", help="recoverd: wrap the model in DistributedDataParallel (ddp=True)"
+    )
     parser.add_argument("--retry-at-step", type=int, default=-1, help="raise a RetryableFault at this step ...")
     parser.add_argument("--retry-rank", type=int, default=-1, help="... in this rank (once)")
     parser.add_argument(

@@ -65,15 +65,14 @@ def _finals(cluster: Cluster, job: str) -> dict[int, str | None]:
     return {r: _final(_log(cluster, job, r), r) for r in range(WORLD)}
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory, etcd_server) -> str:  # type: ignore[no-untyped-def]
+def _reference(tmp_path_factory: pytest.TempPathFactory, etcd_server, extra: tuple[str, ...]) -> str:  # type: ignore[no-untyped-def]
     """The final parameters' hash of a fault-free run (every rank holds the same model)."""
-    cluster = Cluster(etcd_server.endpoint, f"/ref{os.getpid()}/v1", tmp_path_factory.mktemp("ref"))
+    cluster = Cluster(etcd_server.endpoint, f"/ref{os.getpid()}{len(extra)}/v1", tmp_path_factory.mktemp("ref"))
     worker, harness.WORKER = harness.WORKER, DDP  # module scope: set before the autouse fixture runs
     try:
         cluster.coordinator()
         cluster.strategy()
-        _run(cluster, "job-ref")
+        _run(cluster, "job-ref", extra)
         finals = _finals(cluster, "job-ref")
     finally:
         harness.WORKER = worker
@@ -82,14 +81,31 @@ def reference(tmp_path_factory: pytest.TempPathFactory, etcd_server) -> str:  # 
     return str(finals[0])
 
 
-# One run per victim (rank 0 hosts the store; rank 1 does not), each at a random step and moment;
-# the suite's time budget (6 minutes, docs/adr/0028) paid for two more of the same before.
-@pytest.mark.parametrize("victim", [1, 0], ids=["rank1", "rank0"])
-def test_a_killed_rank_is_replaced_and_the_survivors_carry_on(cluster: Cluster, reference: str, victim: int) -> None:
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory, etcd_server) -> str:  # type: ignore[no-untyped-def]
+    """The fault-free hash of the trainer's flat all-reduce."""
+    return _reference(tmp_path_factory, etcd_server, ())
+
+
+@pytest.fixture(scope="module")
+def reference_ddp(tmp_path_factory: pytest.TempPathFactory, etcd_server) -> str:  # type: ignore[no-untyped-def]
+    """The fault-free hash with torch's DistributedDataParallel (``--ddp``: its hook averages each
+    bucket before the sum, so the bits differ from the flat all-reduce's)."""
+    return _reference(tmp_path_factory, etcd_server, ("--ddp",))
+
+
+# One run per victim, each at a random step and moment: rank 1 with the trainer's flat all-reduce,
+# rank 0 with the user's DistributedDataParallel (rebuilt on every generation). The suite's time
+# budget (6 minutes, docs/adr/0028) paid for two more of the same before.
+@pytest.mark.parametrize(("victim", "ddp"), [(1, False), (0, True)], ids=["rank1", "rank0-ddp"])
+def test_a_killed_rank_is_replaced_and_the_survivors_carry_on(
+    cluster: Cluster, request: pytest.FixtureRequest, victim: int, ddp: bool
+) -> None:
+    reference = request.getfixturevalue("reference_ddp" if ddp else "reference")
     job = f"job-ddp-{victim}-{random.randrange(10**6)}"
     cluster.coordinator()
     cluster.strategy()
-    _run(cluster, job)
+    _run(cluster, job, ("--ddp",) if ddp else ())
     before = cluster.wait_running(job, WORLD, timeout=60)
     # Somewhere in the first half of training, at a random moment within a step.
     target = random.randrange(5, STEPS // 2)
@@ -110,6 +126,8 @@ def test_a_killed_rank_is_replaced_and_the_survivors_carry_on(cluster: Cluster, 
         assert set(_done_steps(text, r)) == set(range(STEPS))
     # Bitwise the same model as the fault-free run, in every rank (the replacement included).
     assert finals == dict.fromkeys(range(WORLD), reference)
+    # The replacement was forked from the warm-start server (torch imported there beforehand).
+    assert "(warm start) ====" in _log(cluster, job, victim)
     view = cluster.view(job)
     assert [(o.strategy, o.ok) for o in view.history.outcomes] == [("recover-in-place", True)]  # type: ignore[union-attr]
 

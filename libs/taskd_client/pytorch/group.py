@@ -16,7 +16,15 @@ survivors never wait on a collective they cannot leave (docs/adr/0017):
   never complete) and joins the next one.
 
 Generation bookkeeping in the store: ``gen`` (the current number), ``g<n>/abort``, ``g<n>/member/<rank>``
-(the incarnation that joined), and gloo's own keys under ``g<n>/pg/``.
+(the incarnation that joined), and the backends' own keys under ``g<n>/pg/``.
+
+**Backends.** A generation is a ``torch.distributed.ProcessGroup`` with the job's backends registered
+per device, as ``init_process_group`` would make it: ``gloo``, ``nccl``, or ``cpu:gloo,cuda:nccl``
+(:func:`parse_backend`). An NCCL backend is also released directly: an abort calls its ``abort()``,
+which ends a collective blocked on the GPU. **DistributedDataParallel** gets the group itself
+(:attr:`ResilientGroup.process_group`) and a communication hook whose futures fail as soon as the
+generation is aborted (:meth:`ResilientGroup.allreduce_future`): DDP keeps its buckets and its
+overlap of communication with the backward pass, and a rank is never stuck in ``backward()``.
 """
 
 from __future__ import annotations
@@ -34,9 +42,10 @@ import torch.distributed as dist
 from taskd_client import progress
 from taskd_client.pytorch.store import EtcdStore, GenerationAborted
 
-__all__ = ["GroupFailed", "ResilientGroup"]
+__all__ = ["GroupFailed", "ResilientGroup", "parse_backend"]
 
 ABORT_CHECK_S = 0.005
+POLL_MIN_S = 0.00002
 POLL_MAX_S = 0.001
 #: A collective pending this long is told to the agent's hang detector (once per collective).
 WAITING_REPORT_S = 0.5
@@ -50,15 +59,46 @@ class GroupFailed(RuntimeError):
     """A collective of the current generation failed or was aborted; form the next generation."""
 
 
-#: A gloo backend. torch's stubs declare the collectives on ProcessGroup only; gloo's Backend has
-#: them at run time (allreduce, broadcast, allgather), so it is typed loosely here.
+#: A generation's ``torch.distributed.ProcessGroup`` (typed loosely: torch's stubs lag its API).
 GlooGroup = Any
+
+_BACKENDS = {"gloo": "GLOO", "nccl": "NCCL"}
+
+
+def parse_backend(spec: str) -> dict[str, str]:
+    """``"gloo"``, ``"nccl"`` or ``"cpu:gloo,cuda:nccl"`` as {device type: backend}; ValueError
+    with the reason for anything else (a bare backend serves the device type it runs on)."""
+    spec = spec.strip().lower()
+    if spec in _BACKENDS:
+        return {"cuda" if spec == "nccl" else "cpu": spec}
+    out: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        device, _, backend = part.partition(":")
+        if device not in ("cpu", "cuda") or backend not in _BACKENDS or device in out:
+            raise ValueError(f"backend {spec!r}: expected gloo, nccl or DEVICE:BACKEND pairs like cpu:gloo,cuda:nccl")
+        out[device] = backend
+    if not out:
+        raise ValueError(f"backend {spec!r}: empty")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """A collective of DDP's communication hook, and the future DDP waits on."""
+
+    generation: int
+    future: torch.futures.Future[torch.Tensor]
+    work: Any
+    tensor: torch.Tensor
+    issued_at: float
 
 
 @dataclass(slots=True)
 class _Generation:
     number: int
     pg: GlooGroup
+    #: The backends registered in ``pg`` (an NCCL one can be aborted).
+    backends: tuple[Any, ...] = ()
 
 
 class ResilientGroup:
@@ -74,8 +114,17 @@ class ResilientGroup:
         incarnation: str | None = None,
         timeout: timedelta = timedelta(seconds=60),
         form_timeout: timedelta = timedelta(seconds=5),
+        backend: str = "gloo",
+        device: torch.device | None = None,
     ) -> None:
         self.store = store
+        #: {device type: backend}, e.g. {"cpu": "gloo", "cuda": "nccl"}.
+        self.backends = parse_backend(backend)
+        #: Where this rank's collectives of the trainer's own (state, barriers) run: its GPU when the
+        #: job has only NCCL, else the CPU.
+        self.device = device or (
+            torch.device("cuda", torch.cuda.current_device()) if "cpu" not in self.backends else torch.device("cpu")
+        )
         self.rank = rank
         self.world_size = world_size
         self.incarnation = incarnation or f"{os.getpid()}@{time.time_ns()}"
@@ -90,6 +139,15 @@ class ResilientGroup:
         self._forming = -1
         self._connecting = threading.local()
         store.interrupted = self._interrupted
+        #: DDP hook collectives not completed yet: completed or failed by the watcher thread.
+        self._pending: dict[int, _Pending] = {}
+        self._pending_lock = threading.Lock()
+        #: Set while a hook future is pending: wakes the abort watcher (one thread, started once).
+        self._has_pending = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._pending_seq = 0
+        #: Why a hook future of the current generation failed (DDP's backward then raises).
+        self.hook_failure: str | None = None
 
     @property
     def generation(self) -> int:
@@ -109,10 +167,22 @@ class ResilientGroup:
         if self._current is None:
             return
         number = self._current.number
-        self._park(self._current.pg)
-        self._current = None
+        current, self._current = self._current, None
+        self._release(current)
+        self._fail_pending(number, why)
         self.store.compare_set(f"g{number}/abort", "", why[:200])
         self.store.compare_set("gen", str(number), str(number + 1))
+
+    def _release(self, generation: _Generation) -> None:
+        """Leave a failed generation: NCCL backends are aborted (that ends their blocked collectives);
+        the group is parked, never destroyed (a gloo thread may still be blocked in it)."""
+        for backend in generation.backends:
+            if hasattr(backend, "abort") and type(backend).__name__ == "ProcessGroupNCCL":
+                try:
+                    backend.abort()
+                except RuntimeError:
+                    pass  # already aborted, or torn down by its own watchdog
+        self._park(generation.pg)
 
     def _park(self, pg: GlooGroup) -> None:
         """Keep a failed group alive until its own timeout has surely released its thread."""
@@ -146,7 +216,7 @@ class ResilientGroup:
                 continue
             self._forming = number
             try:
-                pg = self._connect(number)
+                pg, backends = self._connect(number)
             except (GenerationAborted, RuntimeError, TimeoutError) as err:
                 # A peer died or restarted while the group was formed: this generation is lost.
                 self.store.compare_set(f"g{number}/abort", "", f"forming failed on rank {self.rank}: {err}"[:200])
@@ -154,15 +224,25 @@ class ResilientGroup:
                 continue
             finally:
                 self._forming = -1
-            self._current = _Generation(number, pg)
+            self._current = _Generation(number, pg, backends)
+            self.hook_failure = None
             if number >= 2:
                 # Two generations back is surely over: its keys only take etcd space.
                 self.store.delete_prefix_now(f"g{number - 2}/")
             return number
 
-    def _connect(self, number: int) -> GlooGroup:
-        """Build generation ``number``'s gloo group on a helper thread, and give up on it as soon as
-        the generation is aborted: gloo's connect loop cannot be interrupted, and a member that died
+    def _backend(self, prefixed: dist.Store, device: str, name: str) -> Any:
+        if name == "gloo":
+            gloo = dist.ProcessGroupGloo(prefixed, self.rank, self.world_size, self.form_timeout)
+            gloo.set_timeout(self.timeout)  # collectives: peers may legitimately be slow
+            return gloo
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = self.timeout
+        return dist.ProcessGroupNCCL(prefixed, self.rank, self.world_size, options)
+
+    def _connect(self, number: int) -> tuple[GlooGroup, tuple[Any, ...]]:
+        """Build generation ``number``'s group on a helper thread, and give up on it as soon as the
+        generation is aborted: gloo's connect loop cannot be interrupted, and a member that died
         after writing its address (an `exit` mid-recovery) would hold it for the connect timeout."""
         built: dict[str, Any] = {}
 
@@ -170,9 +250,16 @@ class ResilientGroup:
             self._connecting.number = number
             try:
                 prefixed = dist.PrefixStore(f"g{number}/pg", self.store)  # PrefixStore adds the "/"
-                pg = dist.ProcessGroupGloo(prefixed, self.rank, self.world_size, self.form_timeout)
-                pg.set_timeout(self.timeout)  # collectives: peers may legitimately be slow
-                built["pg"] = pg
+                pg = dist.ProcessGroup(prefixed, self.rank, self.world_size)
+                backends = []
+                for device, name in self.backends.items():
+                    backend = self._backend(prefixed, device, name)
+                    kind = getattr(dist.ProcessGroup.BackendType, _BACKENDS[name])
+                    pg._register_backend(torch.device(device), kind, backend)
+                    backends.append(backend)
+                if len(set(self.backends.values())) == 1:
+                    pg._set_default_backend(kind)
+                built["pg"], built["backends"] = pg, tuple(backends)
             except BaseException as err:  # handed to the caller's thread
                 built["error"] = err
 
@@ -184,13 +271,129 @@ class ResilientGroup:
                 raise GenerationAborted(f"generation {number} aborted while connecting")
         if "error" in built:
             raise built["error"]
-        return built["pg"]
+        return built["pg"], built["backends"]
 
     # ------------------------------------------------------------------ collectives
     def _pg(self) -> GlooGroup:
         if self._current is None:
             raise GroupFailed("no process group: form() first")
         return self._current.pg
+
+    @property
+    def process_group(self) -> GlooGroup:
+        """The current generation's ``ProcessGroup`` (for ``DistributedDataParallel``)."""
+        return self._pg()
+
+    def run_abortable(self, what: str, work: Any) -> Any:
+        """``work()`` on a helper thread, left behind (and GroupFailed raised) if the generation is
+        aborted meanwhile: for blocking collectives inside torch that cannot be polled (DDP's
+        construction checks every rank's parameter shapes)."""
+        number = self.generation
+        result: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                result["value"] = work()
+            except BaseException as err:  # handed to the caller's thread
+                result["error"] = err
+
+        thread = threading.Thread(target=run, name=f"{what}-g{number}", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(ABORT_CHECK_S)
+            if thread.is_alive() and self.store.check_or_none([f"g{number}/abort"]):
+                self.abort(f"{what} released: generation {number} aborted")
+                raise GroupFailed(f"generation {number} aborted during {what}")
+        if "error" in result:
+            self.abort(f"{what} failed on rank {self.rank}: {result['error']}")
+            raise GroupFailed(f"{what} failed in generation {number}: {result['error']}") from result["error"]
+        return result.get("value")
+
+    # ------------------------------------------------------------------ DDP's communication hook
+    def allreduce_future(self, tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+        """Sum ``tensor`` over every rank, in place; a future that completes with it, or fails as
+        soon as the generation is aborted or the collective fails (never blocks a rank for good).
+
+        The collective is watched by polling (:meth:`_watch_pending`), not with a callback on its
+        own future: a collective left in flight by an abort completes (with an error) only when its
+        peers exit, possibly while this interpreter is shutting down, and a Python callback run
+        then cannot take the GIL: the thread is unwound through C++ and the process aborts
+        (``terminate called after throwing gloo::IoException``, seen at the end of a recovered run)."""
+        number = self.generation
+        future: torch.futures.Future[torch.Tensor] = torch.futures.Future(
+            devices=[tensor.device] if tensor.is_cuda else None
+        )
+        work = self._pg().allreduce([tensor])
+        with self._pending_lock:
+            self._pending_seq += 1
+            self._pending[self._pending_seq] = _Pending(number, future, work, tensor, time.monotonic())
+            self._has_pending.set()
+            if self._watcher is None:
+                self._watcher = threading.Thread(target=self._watch_pending, name="recoverd-collectives", daemon=True)
+                self._watcher.start()
+        return future
+
+    def _fail_pending(self, number: int, why: str) -> None:
+        with self._pending_lock:
+            failed = [k for k, entry in self._pending.items() if entry.generation <= number]
+            futures = [self._pending.pop(k).future for k in failed]
+        for future in futures:
+            if not future.done():
+                self.hook_failure = f"generation {number} aborted: {why}"
+                future.set_exception(GroupFailed(self.hook_failure))  # type: ignore[arg-type]  # stubs: Tensor
+
+    def _finish_completed(self, pending: dict[int, _Pending]) -> bool:
+        """Complete the futures of the collectives that are done; True if any was."""
+        finished = False
+        for key, entry in pending.items():
+            if not entry.work.is_completed():
+                continue
+            with self._pending_lock:
+                if self._pending.pop(key, None) is None:
+                    continue  # failed by an abort meanwhile
+            finished = True
+            try:
+                entry.work.wait()
+            except RuntimeError as err:
+                self.hook_failure = f"allreduce failed in generation {entry.generation}: {err}"
+                entry.future.set_exception(GroupFailed(self.hook_failure))  # type: ignore[arg-type]
+                continue
+            entry.future.set_result(entry.tensor)
+        return finished
+
+    def _watch_pending(self) -> None:
+        """The collectives of DDP's hook: complete their futures as soon as they are done (polled
+        from POLL_MIN_S, backing off to POLL_MAX_S), fail them when their generation's abort key
+        appears (another rank saw the failure), and tell the hang detector when this rank waits.
+        As in :meth:`_wait`, a collective done within ABORT_CHECK_S never costs an etcd read."""
+        said_waiting = False
+        delay = POLL_MIN_S
+        next_check = 0.0
+        while True:
+            with self._pending_lock:
+                pending = dict(self._pending)
+                if not pending:
+                    self._has_pending.clear()
+            if not pending:
+                said_waiting = False
+                self._has_pending.wait()
+                delay = POLL_MIN_S
+                continue
+            if self._finish_completed(pending):
+                delay = POLL_MIN_S
+                continue
+            now = time.monotonic()
+            waited = now - min(entry.issued_at for entry in pending.values())
+            if waited >= WAITING_REPORT_S and not said_waiting:
+                progress.waiting()  # if found hung now, likelier a peer's victim than the culprit
+                said_waiting = True
+            if waited >= ABORT_CHECK_S and now >= next_check:
+                next_check = now + ABORT_CHECK_S
+                for number in sorted({entry.generation for entry in pending.values()}):
+                    if self.store.check_or_none([f"g{number}/abort"]):
+                        self._fail_pending(number, "another rank aborted it")
+            time.sleep(delay)
+            delay = min(delay * 2, POLL_MAX_S)
 
     def _wait(self, work: dist.Work, what: str) -> None:
         number = self.generation

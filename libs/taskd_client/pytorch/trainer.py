@@ -25,6 +25,15 @@ What happens on a peer's failure (recover-in-place: recoverd restarts only the d
 The training loop ends with a barrier: a rank that completed the last step while a peer died in it
 does not leave before the others have it too (it takes part in their recovery instead).
 
+**Backends and DDP.** The group takes the job's backend (``backend=``, else
+``RECOVERD_TORCH_BACKEND``, else ``cpu:gloo,cuda:nccl`` where CUDA is available and ``gloo``
+elsewhere). With ``ddp=True`` (or DDP's keyword arguments, or a function building the wrapper)
+the trainer wraps the model in torch's own ``DistributedDataParallel`` on every generation's group
+(:attr:`ResilientTrainer.ddp`): DDP buckets the gradients and overlaps their all-reduce with the
+backward pass as usual, through a communication hook that fails at once when a peer dies, so
+``backward()`` raises instead of blocking and ``step_scope`` recovers. Without it, gradients are
+averaged by one flat all-reduce in :meth:`ResilientTrainer.apply`.
+
 The same path serves ``retry``: a rank that raises :class:`RetryableFault` inside ``step_scope``
 aborts the generation, and every rank rolls the step back and runs it again, with no process
 restarted. A fresh rank (at the job's start, or a replacement) may bring state from disk with
@@ -38,7 +47,7 @@ import io
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -48,10 +57,27 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from recoverd.keys import Keyspace, RunRef
 from taskd_client import progress
-from taskd_client.pytorch.group import GroupFailed, ResilientGroup
+from taskd_client.pytorch.group import GroupFailed, ResilientGroup, parse_backend
 from taskd_client.pytorch.store import EtcdStore
 
-__all__ = ["RankEnv", "ResilientTrainer", "RetryableFault"]
+__all__ = ["BACKEND_ENV", "RankEnv", "ResilientTrainer", "RetryableFault", "default_backend"]
+
+#: The job's backend when the script does not pass ``backend=`` (gloo, nccl, cpu:gloo,cuda:nccl).
+BACKEND_ENV = "RECOVERD_TORCH_BACKEND"
+
+#: ``ddp=``: False (one flat all-reduce), True, DistributedDataParallel's keyword arguments, or a
+#: function ``(module, process_group) -> DistributedDataParallel``.
+DdpSpec = bool | Mapping[str, Any] | Callable[[torch.nn.Module, Any], torch.nn.Module]
+
+
+def default_backend() -> str:
+    """What ``init_process_group`` would use: gloo for CPU tensors, NCCL for CUDA ones."""
+    chosen = os.environ.get(BACKEND_ENV, "").strip()
+    if chosen:
+        parse_backend(chosen)  # a clear error now rather than at the first collective
+        return chosen
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +124,10 @@ def _to_bytes(state: dict[str, Any]) -> torch.Tensor:
     return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
 
 
-def _from_bytes(data: torch.Tensor) -> dict[str, Any]:
-    return torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=False)  # type: ignore[no-any-return]
+def _from_bytes(data: torch.Tensor, device: torch.device) -> dict[str, Any]:
+    """The state broadcast as bytes, its tensors on ``device`` (the source's may be another GPU)."""
+    raw = data.cpu().numpy().tobytes()
+    return torch.load(io.BytesIO(raw), map_location=device, weights_only=False)  # type: ignore[no-any-return]
 
 
 class ResilientTrainer:
@@ -116,6 +144,8 @@ class ResilientTrainer:
         recover_timeout: timedelta = timedelta(seconds=300),
         extra: dict[str, Any] | None = None,
         on_event: Callable[[str], None] | None = None,
+        backend: str | None = None,
+        ddp: DdpSpec = False,
     ) -> None:
         self.env = env or RankEnv.from_environ()
         self.model = model
@@ -131,7 +161,16 @@ class ResilientTrainer:
         self._on_event = on_event or (lambda text: log.info("%s", text))
         prefix = Keyspace(self.env.prefix).rendezvous_prefix(RunRef(self.env.job, self.env.run))
         self.store = EtcdStore(self.env.etcd, prefix, timeout=timeout)
-        self.group = ResilientGroup(self.store, self.rank, self.world_size, timeout=timeout)
+        self.group = ResilientGroup(
+            self.store, self.rank, self.world_size, timeout=timeout, backend=backend or default_backend()
+        )
+        self._ddp_spec: DdpSpec = ddp
+        #: The model wrapped in DistributedDataParallel on the current generation's group (``ddp=``),
+        #: rebuilt on every recovery; call the model through it. None without ``ddp=``.
+        self.ddp: torch.nn.Module | None = None
+        #: Buckets DDP handed to the hook in this step: none means the backward did not go through
+        #: :attr:`ddp`, and the gradients were not averaged.
+        self._hooked = 0
         #: The next step to run (= steps completed).
         self.step = 0
         #: What state this rank holds: NONE, FROM_DISK (load_state) or LIVE (trained in this process,
@@ -169,7 +208,7 @@ class ResilientTrainer:
     def _all_done(self) -> bool:
         """The closing barrier: True once every rank has completed every step."""
         try:
-            self.group.allreduce_(torch.zeros(1))
+            self.group.allreduce_(torch.zeros(1, device=self.group.device))
             return True
         except GroupFailed as err:
             self._emit(f"rank {self.rank}: a peer failed at the end of training: {err}")
@@ -185,28 +224,48 @@ class ResilientTrainer:
             self._emit(f"rank {self.rank}: retryable fault in step {self.step}: {fault}; rolling back everywhere")
             self.group.abort(f"rank {self.rank} retries step {self.step}: {fault}")
             self._recover("retry")
+        except RuntimeError as err:
+            # DDP's backward raises what its communication hook's future failed with.
+            failed = self.group.hook_failure
+            if self.ddp is None or failed is None:
+                raise
+            self._emit(f"rank {self.rank}: step {self.step} interrupted in backward: {failed} ({str(err)[:120]})")
+            self.group.abort(f"backward failed on rank {self.rank}: {failed}")
+            self._recover("peer failure")
 
     def apply(self) -> bool:
         """Average the gradients over every rank, then step the optimizer. False when a peer's
         failure interrupted the step: the group was re-formed and ``steps`` yields the agreed step."""
         busy_s = time.monotonic() - self._step_started  # this rank's own work, before the all-reduce
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        flat = _flatten_dense_tensors(grads)
-        try:
-            self.group.allreduce_(flat)
-        except GroupFailed as err:
-            self._emit(f"rank {self.rank}: step {self.step} interrupted: {err}")
-            self._recover("peer failure")
-            return False
-        flat /= self.world_size
-        for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
-            grad.copy_(synced)
+        if self.ddp is not None:
+            # DDP averaged the gradients during the backward pass (and waited for them there).
+            if self._hooked == 0 and any(p.grad is not None for p in self.model.parameters()):
+                raise RuntimeError("with ddp=, run the model through trainer.ddp: these gradients were not averaged")
+            self._hooked = 0
+        else:
+            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+            flat = _flatten_dense_tensors(grads)
+            try:
+                self.group.allreduce_(flat)
+            except GroupFailed as err:
+                self._emit(f"rank {self.rank}: step {self.step} interrupted: {err}")
+                self._recover("peer failure")
+                return False
+            flat /= self.world_size
+            for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
+                grad.copy_(synced)
         self.optimizer.step()
         self.step += 1
         self._applied = True
         # Hang and straggler detection: one datagram to the local agent, rate-limited, never blocking.
         progress.heartbeat(self.step, busy_s=busy_s)
         return True
+
+    def _state_device(self) -> torch.device:
+        """Where this rank keeps its model (a state received from a peer is loaded there)."""
+        for tensor in (*self.model.parameters(), *self.model.buffers()):
+            return tensor.device
+        return torch.device("cpu")
 
     def state(self) -> dict[str, Any]:
         return {
@@ -248,6 +307,7 @@ class ResilientTrainer:
                 generation = self.group.form(deadline=started + self.recover_timeout.total_seconds())
                 formed = time.monotonic()
                 source = self._sync()
+                self._wrap_ddp()
                 break
             except GroupFailed as err:
                 self._emit(f"rank {self.rank}: generation failed while recovering ({err}); forming the next")
@@ -259,6 +319,51 @@ class ResilientTrainer:
             f" ({1000 * (time.monotonic() - formed):.0f} ms to sync)"
         )
 
+    def _wrap_ddp(self) -> None:
+        """Wrap the model in DistributedDataParallel on the new generation's group (``ddp=``).
+
+        The ranks hold the same state already (:meth:`_sync`), so DDP's initial broadcast is skipped;
+        its construction still checks every rank's parameter shapes (a collective), so it runs where
+        an abort can release it. The hook averages each bucket as DDP's default hook does."""
+        self.ddp = None
+        self._hooked = 0
+        spec = self._ddp_spec
+        if spec is False:
+            return
+        from torch.nn.parallel import DistributedDataParallel
+
+        pg = self.group.process_group
+        if callable(spec):
+            build = lambda: spec(self.model, pg)  # noqa: E731
+        else:
+            options = dict(spec) if isinstance(spec, Mapping) else {}
+            options.setdefault("init_sync", False)
+            build = lambda: DistributedDataParallel(self.model, process_group=pg, **options)  # noqa: E731
+
+        def build_and_bucket() -> torch.nn.Module:
+            # DDP lays its buckets out again after a wrapper's first backward, in the order the
+            # gradients became ready, and a ring all-reduce sums each element in an order that
+            # follows its place in the bucket: a wrapper built after a recovery would sum its first
+            # step differently from the fault-free run's long-lived one. Laid out at once in
+            # parameter order (what DDP's own Join does for a joined rank), every wrapper of every
+            # generation has the same buckets, and a recovered run is bitwise the fault-free one.
+            wrapper = build()
+            reducer: Any = wrapper.reducer
+            reducer._push_all_rebuilt_params()
+            reducer._rebuild_buckets()  # a broadcast from rank 0: here, where an abort can end it
+            return wrapper
+
+        wrapper = self.group.run_abortable("DistributedDataParallel", build_and_bucket)
+        # A lambda: DDP rejects a hook whose annotations are strings (this module's are).
+        wrapper.register_comm_hook(None, lambda _state, bucket: self._average_bucket(bucket))
+        self.ddp = wrapper
+
+    def _average_bucket(self, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+        self._hooked += 1
+        tensor = bucket.buffer()
+        tensor.div_(self.world_size)
+        return self.group.allreduce_future(tensor)
+
     def _sync(self) -> int:
         """Agree on the step and copy the state from the lowest-numbered rank at it.
 
@@ -266,7 +371,8 @@ class ResilientTrainer:
         a checkpoint loaded from disk (a replacement), which wins over none (all fresh). The step
         is the lowest a holder has completed; every other rank, one that was ahead included, takes
         the source's state."""
-        mine = torch.tensor([self._state, self.step], dtype=torch.int64)
+        device = self.group.device
+        mine = torch.tensor([self._state, self.step], dtype=torch.int64, device=device)
         everyone = self.group.allgather(mine)
         best = max(int(t[0]) for t in everyone)
         holders = [r for r, t in enumerate(everyone) if int(t[0]) == best]
@@ -274,13 +380,13 @@ class ResilientTrainer:
         source = min(r for r in holders if best == _NONE or int(everyone[r][1]) == resume)
         if self.rank != source and self._state == best != _NONE and self.step > resume:
             self._emit(f"rank {self.rank}: back from step {self.step} to {resume}")
-        blob = _to_bytes(self.state()) if self.rank == source else torch.empty(0, dtype=torch.uint8)
-        size = self.group.broadcast_(torch.tensor([blob.numel()], dtype=torch.int64), source)
+        blob = _to_bytes(self.state()).to(device) if self.rank == source else torch.empty(0, dtype=torch.uint8)
+        size = self.group.broadcast_(torch.tensor([blob.numel()], dtype=torch.int64, device=device), source)
         if self.rank != source:
-            blob = torch.empty(int(size[0]), dtype=torch.uint8)
+            blob = torch.empty(int(size[0]), dtype=torch.uint8, device=device)
         self.group.broadcast_(blob, source)
         if self.rank != source:
-            self._load(_from_bytes(blob))
+            self._load(_from_bytes(blob, self._state_device()))
         self.step = resume
         self._state = _LIVE
         return source

@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 ## etcd, so two workers halve the wall time even on two cores. PYTEST_WORKERS=0 runs them in one.
 PYTEST_WORKERS ?= 2
 
-.PHONY: all venv torch demo-torch bench bench-hangs bench-node-loss bench-scale bench-tls proto demo test test-unit chaos lint format typecheck clean fresh-clone-test msrun-venv test-msrun
+.PHONY: all venv torch demo-torch bench bench-hangs bench-node-loss bench-scale bench-tls bench-ddp proto demo test test-unit chaos lint format typecheck clean fresh-clone-test msrun-venv test-msrun
 
 all: test
 
@@ -62,6 +62,12 @@ bench-hangs: $(TORCH_STAMP)
 NODE_LOSS_ARGS ?= --trials 10
 bench-node-loss: $(STAMP)
 	$(PY) bench/node_loss.py $(NODE_LOSS_ARGS)
+
+## What ResilientTrainer costs per step against plain DDP, with torch's DDP and with its flat
+## all-reduce, side by side (~3 min; bench/results/ddp_overhead.{json,md}; docs/pytorch.md).
+DDP_ARGS ?=
+bench-ddp: $(TORCH_STAMP)
+	$(PY) bench/ddp_overhead.py $(DDP_ARGS)
 
 ## What TLS and authentication cost each etcd call: plaintext, TLS, TLS + per-job user, side by side
 ## (~1 min; bench/results/tls.{json,md}; docs/security.md).

@@ -10,14 +10,20 @@ trials; results go to ``bench/results/results.json``, ``results.md`` and ``resul
   split into phases from the recovery record: detect (kill -> the agent saw the exit), collect (the
   fault window), stop, decide (GLOBAL_FAULT + DECIDING), restart (RECOVERING -> the command's ack:
   the new process is started), confirm (ack -> DONE).
-* **P3**: examples/ddp_train.py, 4 ranks, gloo on CPU, rank 1 SIGKILLed at a random moment mid-run:
-  time from the kill to the next completed training step (the first step completed after the kill
-  by a new process, or of a step beyond the last one completed before the kill), for (a) torchrun
-  ``--max-restarts 3`` (c10d rendezvous, per-attempt PrefixStore, resume from the script's own
-  checkpoint every 10 steps), (b) recoverd ``exit`` (every rank restarts, resumes from the same
-  checkpoint), (c) recoverd ``recover-in-place``, (d) the same with a warm spare.
+* **P3**: 4 ranks, gloo on CPU, rank 1 SIGKILLed at a random moment mid-run: time from the kill to
+  the next completed training step (the first step completed after the kill by a new process, or by
+  a survivor after its group was re-formed), with ``recoverd run``'s defaults (fault window,
+  warm starts) but for the strategies:
+
+  - (a) torchrun ``--max-restarts 3`` (c10d rendezvous) and (b) recoverd ``exit`` (every rank
+    restarts; forked from the warm-start server), both running examples/plain_ddp.py, a DDP script
+    with no recoverd code that resumes from its own checkpoint every 10 steps; (b') the same with
+    ``--no-warm-start``;
+  - (c) recoverd ``recover-in-place`` on examples/ddp_train.py (``ResilientTrainer``; the
+    replacement forked from the warm-start server), (c') the same with ``--no-warm-start``, (d) with
+    a warm spare instead (``--warm-spares 1``, the script waits in ``wait_for_rank()``).
 * **Goodput**: a SIGKILL of a random rank every 15 s for ``--goodput-s`` seconds: the highest step
-  reached, as a fraction of a fault-free run of the same length, recoverd (d) against torchrun
+  reached, as a fraction of a fault-free run of the same length, recoverd (c) against torchrun
   (``--max-restarts 20``); budgets are lifted for recoverd.
 """
 
@@ -54,6 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 PY = sys.executable
 DDP = str(ROOT / "examples" / "ddp_train.py")
+PLAIN = str(ROOT / "examples" / "plain_ddp.py")
 WORKER = str(ROOT / "examples" / "worker.py")
 TORCHRUN = str(Path(PY).with_name("torchrun"))
 STEP_RE = re.compile(r"rank (\d+) step (\d+) done (\S+) pid (\d+)")
@@ -117,13 +124,20 @@ class Job:
 
 @contextmanager
 def recoverd_job(
-    workdir: Path, name: str, nproc: int, strategies: str, command: list[str], extra: tuple[str, ...] = ()
+    workdir: Path,
+    name: str,
+    nproc: int,
+    strategies: str,
+    command: list[str],
+    extra: tuple[str, ...] = (),
+    fast: tuple[str, ...] = ("--fault-window", "0.05"),
 ) -> Iterator[Job]:
+    """``recoverd run`` of ``command``; ``fast``: P1/P2's short fault window (P3 uses the defaults)."""
     logs = workdir / name / "logs"
     out = workdir / name / "out.txt"
     out.parent.mkdir(parents=True, exist_ok=True)
     argv = [PY, "-m", "recoverd.cli.main", "run", "--job", name, "--nproc-per-node", str(nproc),
-            "--strategies", strategies, "--log-dir", str(logs), "--fault-window", "0.05", *LIFTED, *extra,
+            "--strategies", strategies, "--log-dir", str(logs), *fast, *LIFTED, *extra,
             "--", *command]  # fmt: skip
     with open(out, "w") as handle:
         proc = subprocess.Popen(
@@ -198,7 +212,7 @@ def rank_pid(job: Job, rank: int) -> int:
                 if env.get("RANK") != str(rank) or "RECOVERD_WARM_SPARE_FD" in env:
                     continue
                 if child.name().startswith("python") and any(
-                    "ddp_train.py" in part or "worker.py" in part for part in child.cmdline()
+                    part.endswith(("ddp_train.py", "plain_ddp.py", "worker.py")) for part in child.cmdline()
                 ):
                     return int(child.pid)
             except psutil.Error:
@@ -337,14 +351,36 @@ def ddp_command(steps: int, ckpt: Path, launcher: str) -> list[str]:
     return [PY, DDP, "--launcher", launcher, "--steps", str(steps), "--ckpt-dir", str(ckpt), "--ckpt-every", "10"]
 
 
+def plain_command(steps: int, ckpt: Path) -> list[str]:
+    return [PY, PLAIN, "--steps", str(steps), "--ckpt-dir", str(ckpt), "--ckpt-every", "10"]
+
+
+#: P3's systems: label, and whether the replacement comes from the warm-start server.
+SYSTEMS = {
+    "torchrun": ("(a) torchrun --max-restarts 3, plain DDP script", False),
+    "recoverd-exit": ("(b) recoverd exit, the same plain script (warm start)", True),
+    "recoverd-exit-cold": ("(b') recoverd exit, --no-warm-start", False),
+    "recoverd-in-place": ("(c) recoverd recover-in-place, ResilientTrainer (warm start)", True),
+    "recoverd-in-place-cold": ("(c') recoverd recover-in-place, --no-warm-start", False),
+    "recoverd-warm-spare": ("(d) recoverd recover-in-place, --warm-spares 1", False),
+}
+
+
 def start_system(workdir: Path, system: str, name: str, steps: int, max_restarts: int = 3):  # type: ignore[no-untyped-def]
     ckpt = workdir / name / "ckpt"
     if system == "torchrun":
-        command = ddp_command(steps, ckpt, "torchrun")[1:]  # torchrun runs the script with its own python
+        command = plain_command(steps, ckpt)[1:]  # torchrun runs the script with its own python
         return torchrun_job(workdir, name, 4, command, max_restarts)
-    strategies = "exit" if system == "recoverd-exit" else "recover-in-place,exit"
-    extra = ("--warm-spares", "1") if system == "recoverd-warm" else ()
-    return recoverd_job(workdir, name, 4, strategies, ddp_command(steps, ckpt, "recoverd"), extra)
+    if system.startswith("recoverd-exit"):
+        strategies, command = "exit", plain_command(steps, ckpt)
+    else:
+        strategies, command = "recover-in-place,exit", ddp_command(steps, ckpt, "recoverd")
+    extra: tuple[str, ...] = ()
+    if system.endswith("-cold"):
+        extra = ("--no-warm-start",)
+    elif system == "recoverd-warm-spare":
+        extra = ("--warm-spares", "1", "--no-warm-start")
+    return recoverd_job(workdir, name, 4, strategies, command, extra, fast=())
 
 
 FORMED_RE = re.compile(r"generation (\d+) formed .*\(at (\S+)\)")
@@ -389,9 +425,11 @@ def kill_after_step(job: Job, rank: int, step: int, jitter_s: float) -> tuple[in
 def p3_trial(workdir: Path, system: str, trial: int, steps: int) -> float:
     name = f"p3-{system}-{trial}"
     with start_system(workdir, system, name, steps) as job:
-        if system == "recoverd-warm":
+        if system == "recoverd-warm-spare":
             ready = job.logs / "warm-spares.log"
             wait("a warm spare ready", lambda: ready.exists() and " ready" in ready.read_text(), 120)
+        if SYSTEMS[system][1]:
+            wait("the warm-start server", lambda: " ready in " in job.out.read_text(), 120)
         pid, killed = kill_after_step(job, 1, random.randrange(30, 60), 0.004)
         took = wait(f"{name}: the next step", lambda: time_to_next_step(job, killed, pid), 120)
         return float(took)
@@ -434,8 +472,11 @@ def table(results: dict[str, Any]) -> list[str]:
         f" | {_yes(p2['total']['p50_ms'] <= 300)} |",
     ]
     for system, entry in p3.items():
-        target = "(d) ≤ 0.3 x (a)" if system == "recoverd-warm" else ""
-        met = _yes(entry["ratio"] <= 0.3) if system == "recoverd-warm" else ""
+        target, met = "", ""
+        if system == "recoverd-exit":
+            target, met = "≤ 0.3 x (a)", _yes(entry["ratio"] <= 0.3)
+        elif system == "recoverd-in-place":
+            target, met = "p50 ≤ 0.15 s", _yes(entry["median_s"] <= 0.15)
         rows.append(
             f"| P3 SIGKILL → next step, {entry['label']} (median of {entry['trials']})"
             f" | {entry['median_s']:.2f} s (x {entry['ratio']:.2f}) | {target} | {met} |"
@@ -481,7 +522,7 @@ def write_results(results: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trials", type=int, default=5, help="P3 trials per system (alternated)")
+    parser.add_argument("--trials", type=int, default=10, help="P3 trials per system (alternated)")
     parser.add_argument("--detection-trials", type=int, default=30)
     parser.add_argument("--mttr-trials", type=int, default=20)
     parser.add_argument("--goodput-s", type=float, default=180.0, help="0 skips the goodput runs")
@@ -497,12 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"P1: {results['p1']['p50_ms']:.1f} ms p50", flush=True)
     results["p2"] = p2_mttr(workdir, args.mttr_trials)
     print(f"P2: {results['p2']['total']['p50_ms']:.0f} ms p50", flush=True)
-    labels = {
-        "torchrun": "(a) torchrun --max-restarts 3",
-        "recoverd-exit": "(b) recoverd exit",
-        "recoverd-in-place": "(c) recoverd recover-in-place",
-        "recoverd-warm": "(d) recoverd recover-in-place + warm spare",
-    }
+    labels = {system: label for system, (label, _warm) in SYSTEMS.items()}
     samples: dict[str, list[float]] = {s: [] for s in labels}
     for trial in range(args.trials):
         for system in labels:  # alternate the systems within every round
@@ -522,14 +558,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.goodput_s > 0:
         steps = {}
-        for system in ("recoverd-warm", "torchrun"):
+        for system in ("recoverd-in-place", "torchrun"):
             clean = goodput_run(workdir, system, args.goodput_s, faults=False)
             faulty = goodput_run(workdir, system, args.goodput_s, faults=True)
             steps[system] = {"clean": clean, "faults": faulty}
             print(f"goodput {system}: {faulty}/{clean}", flush=True)
         results["goodput"] = {
             "seconds": args.goodput_s,
-            "recoverd": steps["recoverd-warm"]["faults"] / steps["recoverd-warm"]["clean"],
+            "recoverd": steps["recoverd-in-place"]["faults"] / steps["recoverd-in-place"]["clean"],
             "torchrun": steps["torchrun"]["faults"] / steps["torchrun"]["clean"],
             "steps": steps,
         }

@@ -45,6 +45,11 @@ def _steps(text: str) -> list[tuple[int, int, float]]:
     return [(int(m[2]), int(m[5]), float(m[6])) for m in DONE.finditer(text)]
 
 
+def _steps_at(text: str) -> list[tuple[int, int, float, float]]:
+    """(step, world, loss, wall-clock time) of each step line."""
+    return [(int(m[2]), int(m[5]), float(m[6]), float(m[3])) for m in DONE.finditer(text)]
+
+
 def _phase_done(cluster: Cluster, job: str, strategy: str) -> bool:
     rec = cluster.view(job).recovery
     return rec is not None and rec.strategy == strategy and rec.phase == pb.PHASE_DONE
@@ -115,6 +120,21 @@ def test_the_world_shrinks_to_two_ranks_and_grows_back_to_four(cluster: Cluster)
         assert back and back[0][0] == upgrade_at and back[0][1] == 4, (r, back[:3], upgrade_at, story)
         assert back[0][2] < 0.6 * fresh, (r, back[:3], fresh)
         assert [s for s, _, _ in back] == list(range(upgrade_at, 400)), (r, story)
+    # Measured (printed, not asserted): from the coordinator's decision to the first step trained in
+    # the new world, wall clock (the coordinator and the ranks share this machine's clock).
+    decided = [
+        e.at.ToDatetime().timestamp() for e in cluster.events(job) if e.reason in ("strategy_decided", "upgrade")
+    ]
+    changes_at = [
+        steps[i][3]
+        for steps in [_steps_at(survivors[0])]
+        for i in range(1, len(steps))
+        if steps[i][1] != steps[i - 1][1]
+    ]
+    print(
+        "decision -> first step in the new world (ms):",
+        [round(1000 * (t - d)) for d, t in zip(decided, changes_at, strict=False)],
+    )
     latencies = re.findall(r"world (\d) -> (\d) .*first step in it: (\d+), (\d+) ms after", survivors[0])
     print("world changes on rank 0 (old, new, first step, ms after changeStrategy):", latencies)
 
@@ -153,10 +173,11 @@ def test_a_dump_saves_every_rank_and_the_restarted_job_resumes_from_it(cluster: 
     for r, text in logs.items():
         resumed = [int(s) for s in re.findall(r"resuming at step (\d+)", text)]
         assert resumed[-1] == resume, (r, resumed, story)  # the restarted rank starts from the dump
-        steps = [s for s, _, _ in _steps(text)]
-        restart = steps.index(resume, 1) if r != 2 and steps.count(resume) > 1 else None
-        later = steps[restart:] if restart is not None else [s for s in steps if s >= resume]
-        assert later == list(range(resume, steps_total)), (r, later[:5], story)
-        # Nothing before the dump was run again.
-        assert sorted(set(steps)) == list(range(steps_total)), story
-        assert all(steps.count(s) <= 2 for s in steps), story
+        first_run, second_run = text.split(" restart (exit) ", 1)
+        # The restarted rank runs every step from the dump's on, and none before it.
+        assert [s for s, _, _ in _steps(second_run)] == list(range(resume, steps_total)), (r, story)
+        # Before the dump it ran every step up to it (the victim may have died between its last
+        # step's all-reduce and its line), and at most the interrupted step again after.
+        before_dump = [s for s, _, _ in _steps(first_run)]
+        assert before_dump == list(range(len(before_dump))) and len(before_dump) >= resume - 1, (r, story)
+        assert len(before_dump) <= resume + 1 and (r != 2 or len(before_dump) <= resume), (r, story)

@@ -13,6 +13,10 @@ it pins the current generation to the new world if nobody has yet, or aborts it 
 to another. Both sides read in the order (generation, record, pin), and the controller writes the
 pin after the record changed, so no generation can be formed with a world that was stale when the
 controller published: either the controller's pin wins, or it finds the old one and aborts.
+
+On an upgrade the controller first waits until the returning ranks are up and asking for a seat
+(``ready/<rank>``, :meth:`wait_ready`), so the survivors train on in the small world while those
+start (a Python start and a torch import: seconds) instead of waiting for them in a formation.
 """
 
 from __future__ import annotations
@@ -62,12 +66,28 @@ class Membership:
         if self.rank in world:
             self.seated_world = world
             return world.index(self.rank), len(world)
+        # Ready to join: the controller lets the others train on until every returning rank is.
+        self.store.set(f"ready/{self.rank}", str(number))
         deadline = time.monotonic() + NOT_SEATED_WAIT_S
         delay = POLL_MIN_S
         while time.monotonic() < deadline and int(self.store.get("gen")) == number:
             time.sleep(delay)
             delay = min(delay * 2, POLL_MAX_S)
         return None
+
+    def wait_ready(self, ranks: list[int], timeout_s: float) -> list[int]:
+        """Wait until each of ``ranks`` (ranks coming back) waits for a seat, or ``timeout_s``;
+        return those that do. Their marks are consumed, so the next upgrade waits anew."""
+        deadline = time.monotonic() + timeout_s
+        delay = POLL_MIN_S
+        while True:
+            ready = [r for r in ranks if self.store.check([f"ready/{r}"])]
+            if len(ready) == len(ranks) or time.monotonic() >= deadline:
+                for r in ready:
+                    self.store.delete_key(f"ready/{r}")
+                return ready
+            time.sleep(delay)
+            delay = min(delay * 2, POLL_MAX_S)
 
     def publish(self, why: str) -> tuple[int, list[int], bool]:
         """The controller's side, after the record changed: (current generation, live ranks, whether

@@ -10,8 +10,9 @@ while it forms a generation of its group:
 * ``stopTrain``: stop-complete at once (the trainer's own group stops the ranks: a dead peer's
   collective fails, and the others wait in the group's next formation);
 * ``globalFault``: the strategies offered (``offer``);
-* ``changeStrategy=downgrade|upgrade``: the recovery record already holds the new membership;
-  :meth:`Membership.publish` aborts the generation pinned to the old one, this rank's training
+* ``changeStrategy=downgrade|upgrade``: the recovery record already holds the new membership.
+  On an upgrade the relay first waits until the returning ranks are up and ask for a seat. Then
+  :meth:`Membership.publish` aborts the generation pinned to the old world, this rank's training
   loop is interrupted at its next step (``interrupt``), every rank forms the next generation with
   the new world, and the status is answered once this rank has trained in it (``wait_world``);
 * ``changeStrategy=dump``: a dump request in the store and an aborted generation; every live rank
@@ -126,6 +127,14 @@ class Relay:
 
     def _resize(self, change: str, fault_ranks: dict[int, int]) -> tuple[int, str]:
         self.changed_at = time.monotonic()
+        if change == "upgrade":
+            # Train on in the small world until the returning ranks can join at once.
+            ready = self.membership.wait_ready(sorted(fault_ranks), self.confirm_timeout_s)
+            self._emit(
+                f"relay: ranks {ready} of {sorted(fault_ranks)} ready to join after"
+                f" {1000 * (time.monotonic() - self.changed_at):.0f} ms"
+            )
+            self.changed_at = time.monotonic()
         number, live, aborted = self.membership.publish(f"{change} of ranks {sorted(fault_ranks)}")
         self._emit(
             f"relay: {change} of ranks {sorted(fault_ranks)}: world {live}"

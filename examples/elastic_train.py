@@ -80,8 +80,9 @@ def run(args: argparse.Namespace) -> int:
             idx = shards.indices(step, trainer.rank, trainer.world_size)
             loss = loss_fn(model(x[idx]), y[idx])
             loss.backward()
-            time.sleep(args.step_sleep)
             world = trainer.world_size
+            full = world == int(os.environ["WORLD_SIZE"])
+            time.sleep(args.step_sleep if full else args.small_world_sleep or args.step_sleep)
             if trainer.apply():
                 print(
                     f"rank {rank} step {step} done {time.time():.6f} pid {os.getpid()} world {world}"
@@ -101,6 +102,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--step-sleep", type=float, default=0.02, help="extra seconds per step (stands for compute)")
+    parser.add_argument(
+        "--small-world-sleep",
+        type=float,
+        default=None,
+        help="seconds per step instead of --step-sleep while the world is smaller than WORLD_SIZE"
+        " (fewer replicas each take more of the global batch; tests use it to give a spare time to start)",
+    )
     parser.add_argument(
         "--offer",
         type=lambda text: tuple(s.strip() for s in text.split(",") if s.strip()),

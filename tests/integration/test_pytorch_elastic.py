@@ -58,7 +58,11 @@ def _phase_done(cluster: Cluster, job: str, strategy: str) -> bool:
 def test_the_world_shrinks_to_two_ranks_and_grows_back_to_four(cluster: Cluster) -> None:
     job = "job-torch-elastic"
     strategies = "elastic-training,exit"
-    worker = ("--steps", "400", "--step-sleep", "0.03", "--offer", "elastic-training,exit")
+    # Slow steps in the small world (0.25 s: ~55 s for its ~220 steps), so that the survivors are
+    # still training when the spare's ranks have started, however loaded the machine.
+    worker = (
+        "--steps", "250", "--step-sleep", "0.03", "--small-world-sleep", "0.25", "--offer", "elastic-training,exit"
+    )  # fmt: skip
     cluster.coordinator(extra=SLOW_RECOVER)
     cluster.strategy()
     for node, node_rank in (("node-a", 0), ("node-b", 1)):
@@ -104,7 +108,7 @@ def test_the_world_shrinks_to_two_ranks_and_grows_back_to_four(cluster: Cluster)
         for i in range(1, len(steps)):
             assert steps[i][0] >= steps[i - 1][0], story  # never back by more than the interrupted step
             assert steps[i][0] <= steps[i - 1][0] + 1, story
-        assert {s for s, _, _ in steps} == set(range(400)), story
+        assert {s for s, _, _ in steps} == set(range(250)), story
         # The loss continues from where it was: the first loss in each new world is that of the
         # trained model, far below the fresh model's.
         fresh = sum(loss for _, _, loss in steps[:3]) / 3
@@ -119,7 +123,7 @@ def test_the_world_shrinks_to_two_ranks_and_grows_back_to_four(cluster: Cluster)
         back = _steps(_log(cluster, job, "spare-0", r))
         assert back and back[0][0] == upgrade_at and back[0][1] == 4, (r, back[:3], upgrade_at, story)
         assert back[0][2] < 0.6 * fresh, (r, back[:3], fresh)
-        assert [s for s, _, _ in back] == list(range(upgrade_at, 400)), (r, story)
+        assert [s for s, _, _ in back] == list(range(upgrade_at, 250)), (r, story)
     # Measured (printed, not asserted): from the coordinator's decision to the first step trained in
     # the new world, wall clock (the coordinator and the ranks share this machine's clock).
     decided = [

@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -148,6 +149,9 @@ class ResilientGroup:
         self._pending_seq = 0
         #: Why a hook future of the current generation failed (DDP's backward then raises).
         self.hook_failure: str | None = None
+        #: ``seat(n)`` -> (rank, world size) in generation n, or None to try the next generation: set
+        #: when the world can change between generations (protocol.py); None: always the same.
+        self.seat: Callable[[int], tuple[int, int] | None] | None = None
 
     @property
     def generation(self) -> int:
@@ -207,6 +211,11 @@ class ResilientGroup:
             if self.store.check([f"g{number}/abort"]):
                 self.store.compare_set("gen", str(number), str(number + 1))
                 continue
+            if self.seat is not None:
+                seat = self.seat(number)
+                if seat is None:
+                    continue
+                self.rank, self.world_size = seat
             member = f"g{number}/member/{self.rank}"
             held = self.store.compare_set(member, "", self.incarnation).decode()
             if held != self.incarnation:

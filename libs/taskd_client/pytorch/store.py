@@ -182,6 +182,16 @@ class EtcdStore(dist.Store):
         ops = [Put(self._key(k), _as_bytes(v)) for k, v in zip(keys, values, strict=True)]
         self._run(lambda: self._store.txn([], ops))
 
+    def peek(self, key: str) -> bytes | None:
+        """The value of ``key`` now, or None: :meth:`get` without waiting for it to be set."""
+        return self._get_now(key)
+
+    def read_record(self, key: str) -> bytes | None:
+        """One key of recoverd's keyspace outside this store's prefix (a job record built by
+        ``recoverd.keys``), read once; None when absent. Read-only: ranks never write job records."""
+        kv = self._run(lambda: self._store.get(key))
+        return None if kv is None else bytes(kv.value)
+
     def delete_prefix_now(self, below: str = "") -> None:
         """Remove every key of this store below ``below`` (all of them by default)."""
         self._run(lambda: self._store.delete_prefix(self._key(below)))

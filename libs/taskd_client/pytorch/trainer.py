@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
@@ -59,6 +59,9 @@ from recoverd.keys import Keyspace, RunRef
 from taskd_client import progress
 from taskd_client.pytorch.group import GroupFailed, ResilientGroup, parse_backend
 from taskd_client.pytorch.store import EtcdStore
+
+if TYPE_CHECKING:
+    from taskd_client.pytorch.protocol import RecoveryProtocol
 
 __all__ = ["BACKEND_ENV", "RankEnv", "ResilientTrainer", "RetryableFault", "default_backend"]
 
@@ -146,6 +149,7 @@ class ResilientTrainer:
         on_event: Callable[[str], None] | None = None,
         backend: str | None = None,
         ddp: DdpSpec = False,
+        protocol: RecoveryProtocol | None = None,
     ) -> None:
         self.env = env or RankEnv.from_environ()
         self.model = model
@@ -181,6 +185,10 @@ class ResilientTrainer:
         self._applied = False
         self._step_started = time.monotonic()
         self.recoveries = 0
+        #: recoverd's protocol (elastic world, dump): protocol.py; None: survivors only.
+        self.protocol = protocol
+        if protocol is not None:
+            protocol.attach(self)
         loaded = load_state() if load_state else None
         if loaded is not None:
             self.step, state = loaded
@@ -194,6 +202,8 @@ class ResilientTrainer:
         the agreed step (so a step can come again)."""
         while True:
             while self.step < total:
+                if self.protocol is not None and self.protocol.before_step(self):
+                    continue  # re-formed for recoverd (world change, dump): the agreed step may differ
                 self._applied = False
                 recoveries = self.recoveries
                 self._buffers = {name: b.detach().clone() for name, b in self.model.named_buffers()}
@@ -274,7 +284,15 @@ class ResilientTrainer:
             "extra": {name: obj.state_dict() for name, obj in self.extra.items()},
         }
 
+    def regroup(self, why: str) -> None:
+        """Leave the current generation and form the next one (every rank must, e.g. when recoverd
+        changed the job's world)."""
+        self.group.abort(why)
+        self._recover(why)
+
     def close(self) -> None:
+        if self.protocol is not None:
+            self.protocol.close()
         self.group.close()
         self.store.close()
 
@@ -305,6 +323,7 @@ class ResilientTrainer:
                 )
             try:
                 generation = self.group.form(deadline=started + self.recover_timeout.total_seconds())
+                self.rank, self.world_size = self.group.rank, self.group.world_size  # may change (protocol.py)
                 formed = time.monotonic()
                 source = self._sync()
                 self._wrap_ddp()

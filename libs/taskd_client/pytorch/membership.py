@@ -1,0 +1,111 @@
+"""Which global ranks train in each generation of the group, and a rank's seat in it.
+
+The authority is recoverd's recovery record: a downgrade (``elastic-training``) records the ranks it
+stopped as ``isolated``; an upgrade, or an ``exit`` that takes them back, removes them. The live
+ranks are the job's ``WORLD_SIZE`` ranks minus the isolated ones, and a rank's data-parallel rank is
+its position among them.
+
+The ranks of one generation must agree on its world exactly (gloo is given the rank and size), yet
+they read the record at different moments. So the first rank to seat itself in generation ``n``
+pins the world it read under ``g<n>/world`` (compare-and-set), and every rank of ``n`` uses the
+pinned one. When the record changes, the job's controller (:mod:`.relay`) calls :meth:`publish`:
+it pins the current generation to the new world if nobody has yet, or aborts it when it is pinned
+to another. Both sides read in the order (generation, record, pin), and the controller writes the
+pin after the record changed, so no generation can be formed with a world that was stale when the
+controller published: either the controller's pin wins, or it finds the old one and aborts.
+
+On an upgrade the controller first waits until the returning ranks are up and asking for a seat
+(``ready/<rank>``, :meth:`wait_ready`), so the survivors train on in the small world while those
+start (a Python start and a torch import: seconds) instead of waiting for them in a formation.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from recoverd.records import decode, pb
+from taskd_client.pytorch.store import EtcdStore
+
+__all__ = ["Membership"]
+
+#: A rank outside generation ``n``'s world waits this long at most for the next generation, then
+#: lets the group re-read (and check its own deadline).
+NOT_SEATED_WAIT_S = 1.0
+POLL_MIN_S = 0.002
+POLL_MAX_S = 0.05
+
+
+class Membership:
+    """``seat(n)`` for a :class:`~taskd_client.pytorch.group.ResilientGroup`; ``publish()`` for the
+    controller. ``rank`` is the global rank (``RANK``); ``world_size`` the job's (``WORLD_SIZE``)."""
+
+    def __init__(self, store: EtcdStore, recovery_key: str, rank: int, world_size: int) -> None:
+        self.store = store
+        self.recovery_key = recovery_key
+        self.rank = rank
+        self.world_size = world_size
+        #: The world of the generation this rank last took a seat in.
+        self.seated_world: list[int] = []
+
+    def live(self) -> list[int]:
+        """The job's ranks minus those the recovery record says are isolated, in rank order."""
+        raw = self.store.read_record(self.recovery_key)
+        isolated = {p.rank for p in decode(pb.Recovery, raw, self.recovery_key).isolated} if raw else set()
+        return [r for r in range(self.world_size) if r not in isolated]
+
+    def _pin(self, number: int, live: list[int]) -> list[int]:
+        held = self.store.compare_set(f"g{number}/world", "", json.dumps(live))
+        return [int(r) for r in json.loads(held)]
+
+    def seat(self, number: int) -> tuple[int, int] | None:
+        """(data-parallel rank, world size) of this rank in generation ``number``; None when the
+        generation's world leaves this rank out (it came back before the survivors were told, or
+        it is isolated): then it has waited, up to ``NOT_SEATED_WAIT_S``, for the next generation."""
+        world = self._pin(number, self.live())
+        if self.rank in world:
+            self.seated_world = world
+            return world.index(self.rank), len(world)
+        # Ready to join: the controller lets the others train on until every returning rank is.
+        self.store.set(f"ready/{self.rank}", str(number))
+        deadline = time.monotonic() + NOT_SEATED_WAIT_S
+        delay = POLL_MIN_S
+        while time.monotonic() < deadline and int(self.store.get("gen")) == number:
+            time.sleep(delay)
+            delay = min(delay * 2, POLL_MAX_S)
+        return None
+
+    def wait_ready(self, ranks: list[int], timeout_s: float) -> list[int]:
+        """Wait until each of ``ranks`` (ranks coming back) waits for a seat, or ``timeout_s``;
+        return those that do. Their marks are consumed, so the next upgrade waits anew."""
+        deadline = time.monotonic() + timeout_s
+        delay = POLL_MIN_S
+        while True:
+            ready = [r for r in ranks if self.store.check([f"ready/{r}"])]
+            if len(ready) == len(ranks) or time.monotonic() >= deadline:
+                for r in ready:
+                    self.store.delete_key(f"ready/{r}")
+                return ready
+            time.sleep(delay)
+            delay = min(delay * 2, POLL_MAX_S)
+
+    def publish(self, why: str) -> tuple[int, list[int], bool]:
+        """The controller's side, after the record changed: (current generation, live ranks, whether
+        that generation had to be aborted because it was pinned to another world)."""
+        live = self.live()
+        number = int(self.store.compare_set("gen", "", "0"))
+        if self._pin(number, live) == live:
+            return number, live, False
+        self.store.compare_set(f"g{number}/abort", "", why[:200])
+        self.store.compare_set("gen", str(number), str(number + 1))
+        return number, live, True
+
+    def is_aborted(self, number: int) -> bool:
+        return self.store.check([f"g{number}/abort"])
+
+    def abort_current(self, why: str) -> int:
+        """Abort whatever generation is current (a dump: every rank must leave the loop)."""
+        number = int(self.store.compare_set("gen", "", "0"))
+        self.store.compare_set(f"g{number}/abort", "", why[:200])
+        self.store.compare_set("gen", str(number), str(number + 1))
+        return number

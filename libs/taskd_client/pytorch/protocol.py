@@ -1,0 +1,189 @@
+"""A ResilientTrainer taking part in recoverd's protocol: elastic world size and ``dump``.
+
+``ResilientTrainer(model, optimizer, protocol=RecoveryProtocol(...))`` adds, without restarting any
+survivor:
+
+* **elastic-training**: after a downgrade the ranks recoverd kept go on as a smaller data-parallel
+  world; after an upgrade the ranks started on a spare join them and get the state from a peer, as
+  a replacement does. Each generation of the group is formed with the live ranks of recoverd's
+  recovery record (:mod:`.membership`); a rank's data-parallel rank (``trainer.rank``) is its
+  position among them, ``trainer.world_size`` their number, gradients are averaged over them, and
+  ``on_world_change(old, new)`` runs in every rank before the first step in a new world (scale the
+  learning rate or the per-rank batch there). Shard data with :mod:`.sharding`.
+* **dump**: every live rank saves its state (:mod:`.dumps`), recoverd restarts the job, and
+  ``load_state=protocol.load_dump`` resumes every rank from the saved step.
+
+One rank (``controller_rank``, 0 by default) runs the job's recovery client (:mod:`.relay`), which
+offers ``offer`` and relays decisions to the others through the rendezvous store. This is the job's
+one client: the agents stop answering for the job while it is registered (docs/client.md).
+
+The trainer calls three hooks: :meth:`attach` when it is built, ``group.seat`` (:meth:`_seat`) each
+time its group tries a generation, and :meth:`before_step` before each step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from recoverd.keys import Keyspace, RunRef
+from taskd_client.pytorch.dumps import Dumps
+from taskd_client.pytorch.membership import Membership
+from taskd_client.pytorch.relay import Relay
+
+if TYPE_CHECKING:
+    from taskd_client.pytorch.trainer import ResilientTrainer
+
+__all__ = ["WORLD_TAG", "RecoveryProtocol"]
+
+log = logging.getLogger(__name__)
+
+#: The name under ``trainer.extra`` of the world size the state was trained with (it travels with
+#: the state: a rank that gets it from a peer, or from a dump, knows which world it came from).
+WORLD_TAG = "recoverd.world"
+#: After saving a dump a rank waits this long to be restarted by recoverd, then fails.
+RESTART_WAIT_S = 300.0
+
+
+class _WorldTag:
+    def __init__(self) -> None:
+        self.world: int | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"world": self.world}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.world = state.get("world")
+
+
+class RecoveryProtocol:
+    """See the module docstring. ``dump_dir``: where a dump writes (a directory each rank can write;
+    ``None``: a dump fails, and recoverd falls back to ``exit``)."""
+
+    def __init__(
+        self,
+        *,
+        offer: Sequence[str] = ("elastic-training", "dump", "exit"),
+        dump_dir: str | os.PathLike[str] | None = None,
+        on_world_change: Callable[[int, int], None] | None = None,
+        controller_rank: int = 0,
+        confirm_timeout_s: float = 60.0,
+        on_event: Callable[[str], None] | None = None,
+    ) -> None:
+        self.offer = tuple(offer)
+        self.dump_dir = dump_dir
+        self.on_world_change = on_world_change or (lambda old, new: None)
+        self.controller_rank = controller_rank
+        self.confirm_timeout_s = confirm_timeout_s
+        self._emit = on_event or (lambda text: log.info("%s", text))
+        self._trainer: ResilientTrainer | None = None
+        self._membership: Membership | None = None
+        self._dumps: Dumps | None = None
+        self.relay: Relay | None = None
+        self._tag = _WorldTag()
+        self._interrupted = threading.Event()
+        self._cond = threading.Condition()
+        self._seated: list[int] = []
+        self._formed: tuple[int, list[int]] = (-1, [])
+
+    # ------------------------------------------------------------------ hooks
+    def attach(self, trainer: ResilientTrainer) -> None:
+        """Called by the trainer once its store and group exist, before it loads state or forms."""
+        env = trainer.env
+        self._trainer = trainer
+        key = Keyspace(env.prefix).recovery(RunRef(env.job, env.run))
+        self._membership = Membership(trainer.store, key, env.rank, env.world_size)
+        self._dumps = Dumps(trainer.store, self.dump_dir, env.rank)
+        trainer.group.seat = self._seat
+        trainer.extra[WORLD_TAG] = self._tag
+        if env.rank == self.controller_rank:
+            self.relay = Relay(
+                job=env.job,
+                etcd=env.etcd,
+                prefix=env.prefix,
+                offer=self.offer,
+                membership=self._membership,
+                dumps=self._dumps,
+                interrupt=self._interrupt,
+                wait_world=self._wait_world,
+                confirm_timeout_s=self.confirm_timeout_s,
+                on_event=self._emit,
+            )
+            self.relay.start()
+
+    def load_dump(self) -> tuple[int, dict[str, Any]] | None:
+        """``load_state`` for the trainer: this rank's state of the latest completed dump."""
+        if self._dumps is None:
+            raise RuntimeError("pass the protocol to ResilientTrainer(protocol=...) first")
+        return self._dumps.load()
+
+    def before_step(self, trainer: ResilientTrainer) -> bool:
+        """Before each step: leave a generation the relay aborted (True: the group was re-formed,
+        the step may differ), and run ``on_world_change`` once in a new world."""
+        if self._interrupted.is_set():
+            self._interrupted.clear()
+            assert self._membership is not None
+            if self._membership.is_aborted(trainer.group.generation):
+                trainer.regroup("recoverd changed the job")
+                return True
+        old, new = self._tag.world, trainer.world_size
+        if old != new:
+            self._tag.world = new
+            if old is not None:
+                self._changed(trainer, old, new)
+        if self.relay is not None and self._formed[0] != trainer.group.generation:
+            with self._cond:
+                self._formed = (trainer.group.generation, list(self._seated))
+                self._cond.notify_all()
+        return False
+
+    def close(self) -> None:
+        if self.relay is not None:
+            self.relay.close()
+
+    # ------------------------------------------------------------------ internals
+    def _changed(self, trainer: ResilientTrainer, old: int, new: int) -> None:
+        self.on_world_change(old, new)
+        latency = ""
+        if self.relay is not None and self.relay.changed_at is not None:
+            latency = f", {1000 * (time.monotonic() - self.relay.changed_at):.0f} ms after recoverd's changeStrategy"
+        self._emit(
+            f"rank {trainer.env.rank}: world {old} -> {new} (data-parallel rank {trainer.rank});"
+            f" first step in it: {trainer.step}{latency}"
+        )
+
+    def _seat(self, number: int) -> tuple[int, int] | None:
+        """The group's hook for each generation it tries: save a requested dump first (then wait to
+        be restarted), else this rank's seat in the generation's world."""
+        assert self._membership is not None and self._dumps is not None
+        dump_id = self._dumps.pending()
+        if dump_id is not None:
+            self._save_dump(dump_id)
+        seat = self._membership.seat(number)
+        if seat is not None:
+            self._seated = self._membership.seated_world
+        return seat
+
+    def _save_dump(self, dump_id: str) -> None:
+        assert self._dumps is not None and self._trainer is not None
+        trainer = self._trainer
+        try:
+            path = self._dumps.save(dump_id, trainer.step, trainer.state())
+        except OSError as err:
+            self._emit(f"rank {trainer.env.rank}: dump {dump_id} not saved: {err}")
+            raise RuntimeError(f"dump {dump_id} not saved: {err}") from err
+        self._emit(f"rank {trainer.env.rank}: dump {dump_id}: step {trainer.step} saved to {path}; waiting for restart")
+        # recoverd now restarts every rank (dump_exit). Training must not go on meanwhile.
+        time.sleep(RESTART_WAIT_S)
+        raise RuntimeError(f"dump {dump_id} saved but the job was not restarted within {RESTART_WAIT_S:g}s")
+
+    def _interrupt(self, why: str) -> None:
+        self._interrupted.set()
+
+    def _wait_world(self, live: list[int], timeout_s: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self._formed[1] == live, timeout_s)

@@ -1,7 +1,7 @@
 """A plain PyTorch DDP script with no recoverd code at all: what most jobs look like.
 
-It joins with ``init_process_group("gloo")`` (``env://``: RANK, WORLD_SIZE, MASTER_ADDR and
-MASTER_PORT, which torchrun and recoverd's agent both set), wraps an MLP in
+It joins with ``init_process_group("gloo")`` on a ``TCPStore`` at MASTER_ADDR:MASTER_PORT (which
+torchrun and recoverd's agent both set; a per-attempt prefix, as torchrun's restarts need), wraps an MLP in
 ``DistributedDataParallel``, resumes from ``--ckpt-dir`` if a checkpoint is there, and rank 0
 saves one every ``--ckpt-every`` steps. Every rank prints ``rank R step S done T pid P`` after
 each step and ``rank R final sha256 H`` at the end. The benchmark runs it under torchrun and under
@@ -39,8 +39,16 @@ def main() -> int:
     parser.add_argument("--ckpt-every", type=int, default=10)
     args = parser.parse_args()
     torch.set_num_threads(1)  # several ranks share this machine's cores
-    dist.init_process_group("gloo", timeout=timedelta(seconds=30))
-    rank = dist.get_rank()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # torchrun's agent hosts the store and keeps it across restarts: each attempt takes its own
+    # prefix, or a restarted rank would read a dead peer's address (and time out connecting to it).
+    # Under recoverd rank 0 hosts a new store in each incarnation, which the prefix does not hurt.
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=rank == 0 and not agent_store, timeout=timedelta(seconds=30))  # fmt: skip
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt{attempt}", store), rank=rank, world_size=world,
+                            timeout=timedelta(seconds=30))  # fmt: skip
     torch.manual_seed(args.seed)
     model = nn.Sequential(
         nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT)

@@ -31,7 +31,7 @@ OP_TIMEOUT_S = 10.0
 #: How long an etcd outage is ridden out before a store call fails.
 RETRY_S = 30.0
 POLL_MIN_S = 0.001
-POLL_MAX_S = 0.02
+POLL_MAX_S = 0.005
 
 
 class GenerationAborted(RuntimeError):

@@ -66,6 +66,11 @@ FRAMEWORKS: dict[str, tuple[str, ...]] = {
     "taskd_client": ("taskd_client.pytorch",),
     "mindspore": ("mindspore",),
 }
+#: Padding in the server's environment and command line: a forked rank writes its own there, so
+#: that ``ps`` and ``/proc/<pid>/environ`` show the rank (rank variables added to the job's fit).
+ROOM_ENV = "RECOVERD_WARM_START_ROOM"
+ENV_ROOM = 16384
+ARGV_ROOM = 4096
 #: How long a fork request may take before the server is given up as wedged. The agent waits for
 #: the answer (a fork takes milliseconds), so this bounds how long a wedged server can hold it.
 FORK_TIMEOUT_S = 1.0
@@ -231,8 +236,10 @@ class WarmStart:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         env = dict(self._env)
         env.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's BLAS pool would be a thread at the fork
+        # Room for a forked rank to show its own command line and environment (warmstart_server.show_as_rank).
+        env[ROOM_ENV] = "." * ENV_ROOM
         argv = [command.interpreter, *command.options, SERVER, "--fd", str(theirs.fileno()), "--path0", path0,
-                "--preload", modules]  # fmt: skip
+                "--preload", modules, "--room", "." * ARGV_ROOM]  # fmt: skip
         out = None
         try:
             if self._log_path:
@@ -359,6 +366,7 @@ class WarmStart:
                                   *self.command.argv):  # fmt: skip
             return None  # not the job's command (cannot happen today; never guess)
         request = {
+            "cmdline": list(launch.argv),
             "argv": list(self.command.argv),
             "module": self.command.module,
             "env": dict(launch.env),

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import ctypes
 import gc
 import importlib
 import json
@@ -94,6 +95,51 @@ def _reseed() -> None:
             pass
 
 
+#: Identity first: if the rank's environment does not fit the room, these still show.
+_FIRST = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "RECOVERD_")
+
+
+def _initial_areas() -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """Where the kernel put this process's argv and environment strings (``/proc/self/stat``
+    fields 48-51): what ``/proc/<pid>/cmdline`` and ``/proc/<pid>/environ`` show, forever."""
+    try:
+        with open("/proc/self/stat") as stat:
+            text = stat.read()
+        fields = text[text.rindex(")") + 2 :].split()
+        arg_start, arg_end, env_start, env_end = (int(fields[i - 3]) for i in (48, 49, 50, 51))
+    except (OSError, ValueError, IndexError):
+        return None
+    return (arg_start, arg_end), (env_start, env_end)
+
+
+def _rewrite(area: tuple[int, int], entries: list[bytes]) -> None:
+    """Write NUL-terminated ``entries`` over one of those areas, as many as fit, NUL-padded."""
+    start, end = area
+    size = end - start
+    if size <= 1:
+        return
+    data = b""
+    for entry in entries:
+        piece = entry.replace(b"\0", b"") + b"\0"
+        if len(data) + len(piece) > size - 1:
+            break
+        data += piece
+    ctypes.memmove(start, data.ljust(size, b"\0"), size)
+
+
+def show_as_rank(argv: list[str], env: dict[str, str]) -> None:
+    """Make ``ps`` and ``/proc/<pid>/environ`` show the rank's command line and environment, not
+    the server's (as setproctitle does): tools and operators find a rank by them. The server was
+    started with room to spare in both areas. Called once ``os.environ`` has been replaced, so no
+    C-level environment entry points into the old strings any more."""
+    areas = _initial_areas()
+    if areas is None:
+        return
+    ordered = sorted(env.items(), key=lambda kv: not kv[0].startswith(_FIRST))
+    _rewrite(areas[0], [a.encode(errors="surrogateescape") for a in argv])
+    _rewrite(areas[1], [f"{k}={v}".encode(errors="surrogateescape") for k, v in ordered])
+
+
 def _exit_status(err: SystemExit) -> int:
     """What Python's own exit would make of ``sys.exit(code)``."""
     code = err.code
@@ -125,6 +171,7 @@ def become_rank(request: dict[str, Any], server_fd: int) -> None:
             os.close(target)
         os.environ.clear()
         os.environ.update(request["env"])
+        show_as_rank(request.get("cmdline") or [], request["env"])
         if request.get("cwd"):
             os.chdir(request["cwd"])
         _reseed()
@@ -216,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fd", type=int, required=True, help="the socket inherited from the agent")
     parser.add_argument("--path0", default="", help="sys.path[0] as the job's command would have it")
     parser.add_argument("--preload", default="", help="modules to import, comma-separated")
+    parser.add_argument("--room", default="", help="padding: room for a rank's command line (show_as_rank)")
     args = parser.parse_args(argv)
     # This file's directory must not shadow the job's modules (agent.py, settings.py, ...).
     sys.path[0] = args.path0 or os.getcwd()

@@ -55,6 +55,7 @@ def test_a_restarted_rank_is_forked_from_the_warm_start_server(cluster: Cluster)
         strategies="recover-in-place,exit",
         command=[sys.executable, "-u", WARM_RANK, "--flag", "x y"],
         extra=["--warm-start-modules", "decimal,json", "--max-rank-restarts", "10"],
+        env={"WARM_RANK_FAIL_FIRST_RESTART": "1"},
     )
     logs = cluster.workdir / f"logs-{JOB}-node0"
     before = cluster.wait_running(JOB, 2)
@@ -93,6 +94,12 @@ def test_a_restarted_rank_is_forked_from_the_warm_start_server(cluster: Cluster)
     replacement = psutil.Process(after[1].pid)
     assert replacement.pid == stays["pid"]
     assert replacement.ppid() == agent.pid
+    # What ps and /proc show are the rank's command line and environment, not the server's.
+    # (The server's longer command line leaves NUL padding: psutil lists it as empty strings.)
+    assert [a for a in replacement.cmdline() if a] == [sys.executable, "-u", WARM_RANK, "--flag", "x y"]
+    shown = replacement.environ()
+    assert (shown["RANK"], shown["RECOVERD_RESTART_COUNT"], shown["RECOVERD_JOB"]) == ("1", "2", JOB)
+    assert "RECOVERD_WARM_START_ROOM" not in shown
     assert _server(agent.pid) is not None and _server(agent.pid).pid == server.pid  # the server lives on
     view = cluster.wait_for(
         "the second recovery",
@@ -134,9 +141,65 @@ def test_a_dead_warm_start_server_is_replaced(cluster: Cluster) -> None:
     os.kill(before[0].pid, signal.SIGKILL)
 
     cluster.wait_for(
-        "rank 0 back twice",
-        lambda: (r := cluster.ranks(JOB))[0].state == pb.RANK_RUNNING and r[0].restart_count == 2 and r,
+        "rank 0 back",
+        lambda: (r := cluster.ranks(JOB))[0].state == pb.RANK_RUNNING and r[0].restart_count == 1 and r,
         timeout=40,
     )
-    ids = cluster.wait_for("three identities", lambda: (i := _identities(logs / "rank0.log"))[2:] and i)
-    assert [i["preloaded"] for i in ids] == [False, True, True], ids
+    ids = cluster.wait_for("two identities", lambda: (i := _identities(logs / "rank0.log"))[1:] and i)
+    assert [i["preloaded"] for i in ids] == [False, True], ids  # forked from the new server
+
+
+def test_a_restarted_agent_adopts_a_forked_rank(cluster: Cluster) -> None:
+    """A forked rank outlives its agent like any rank, and the next agent adopts it: one process
+    per rank, found by its environment, and its next fault is recovered by the new agent."""
+    args = {
+        "nproc": 2,
+        "strategies": "recover-in-place,exit",
+        "command": [sys.executable, WARM_RANK],
+        # A 6 s lease: the new agent must take its node back within its predecessor's lease.
+        "extra": ["--warm-start-modules", "decimal", "--max-rank-restarts", "10", "--agent-lease-ttl", "6"],
+    }
+    cluster.coordinator()
+    cluster.strategy()
+    agent = cluster.agent(JOB, **args)  # type: ignore[arg-type]
+    before = cluster.wait_running(JOB, 2)
+    cluster.wait_for("the warm-start server", lambda: " ready in " in cluster.logs())
+    os.kill(before[1].pid, signal.SIGKILL)
+    forked = cluster.wait_for(
+        "rank 1 forked", lambda: (r := cluster.ranks(JOB))[1].state == pb.RANK_RUNNING and r[1].restart_count == 1 and r
+    )[1].pid
+    server = _server(agent.pid)
+    assert server is not None
+
+    cluster.kill("agent-node0")
+    cluster.agent(JOB, **args)  # type: ignore[arg-type]
+    cluster.wait_for("the ranks adopted", lambda: any(e.reason == "ranks_adopted" for e in cluster.events(JOB)))
+    after = cluster.wait_running(JOB, 2)
+    assert (after[0].pid, after[1].pid) == (before[0].pid, forked)
+    ranks = [
+        p.info["pid"]
+        for p in psutil.process_iter(["pid", "environ", "status"])
+        if (p.info["environ"] or {}).get("RECOVERD_JOB") == JOB
+        and "RANK" in (p.info["environ"] or {})
+        and p.info["status"] != psutil.STATUS_ZOMBIE
+    ]
+    assert sorted(ranks) == sorted([before[0].pid, forked]), "one process per rank"
+
+    os.kill(forked, signal.SIGKILL)
+    cluster.wait_for(
+        "rank 1 back under the new agent",
+        lambda: (r := cluster.ranks(JOB))[1].state == pb.RANK_RUNNING and r[1].pid != forked and r,
+    )
+    cluster.stop("agent-node0")
+    orphans = [before[0].pid, forked, server.pid]  # re-parented to this test process (a subreaper)
+
+    def reaped() -> bool:
+        for pid in list(orphans):
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    orphans.remove(pid)
+            except ChildProcessError:
+                orphans.remove(pid)
+        return not orphans
+
+    cluster.wait_for("the first agent's processes to end and be reaped", reaped)

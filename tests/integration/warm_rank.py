@@ -3,8 +3,9 @@
 It prints one ``identity`` line of JSON: what a script can observe of how it was started (its
 environment's rank, ``sys.argv``, ``__name__``, ``__file__``, the working directory, its process
 group and session, whether ``decimal`` was imported before this script imported it, a random
-number). The first replacement (``RECOVERD_RESTART_COUNT=1``) exits with code 3 after that line,
-so the test can check the exit status the agent records; every other incarnation sleeps.
+number). With ``WARM_RANK_FAIL_FIRST_RESTART`` set, the first replacement
+(``RECOVERD_RESTART_COUNT=1``) exits with code 3 after that line, so the test can check the exit
+status the agent records; every other incarnation sleeps.
 """
 
 import json
@@ -37,6 +38,6 @@ print(
     ),
     flush=True,
 )
-if os.environ.get("RECOVERD_RESTART_COUNT") == "1":
+if os.environ.get("RECOVERD_RESTART_COUNT") == "1" and os.environ.get("WARM_RANK_FAIL_FIRST_RESTART"):
     sys.exit(3)
 time.sleep(600)

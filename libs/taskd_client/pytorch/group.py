@@ -121,10 +121,12 @@ class ResilientGroup:
         self.store = store
         #: {device type: backend}, e.g. {"cpu": "gloo", "cuda": "nccl"}.
         self.backends = parse_backend(backend)
-        #: Where this rank's collectives of the trainer's own (state, barriers) run: its GPU when the
-        #: job has only NCCL, else the CPU.
+        #: Where this rank's collectives of the trainer's own (state, barriers) run: its GPU
+        #: (``LOCAL_RANK``'s) when the job has only NCCL, else the CPU.
         self.device = device or (
-            torch.device("cuda", torch.cuda.current_device()) if "cpu" not in self.backends else torch.device("cpu")
+            torch.device("cuda", int(os.environ.get("LOCAL_RANK") or torch.cuda.current_device()))
+            if "cpu" not in self.backends
+            else torch.device("cpu")
         )
         self.rank = rank
         self.world_size = world_size
@@ -313,9 +315,12 @@ class ResilientGroup:
             if thread.is_alive() and self.store.check_or_none([f"g{number}/abort"]):
                 self.abort(f"{what} released: generation {number} aborted")
                 raise GroupFailed(f"generation {number} aborted during {what}")
-        if "error" in result:
-            self.abort(f"{what} failed on rank {self.rank}: {result['error']}")
-            raise GroupFailed(f"{what} failed in generation {number}: {result['error']}") from result["error"]
+        error = result.get("error")
+        if isinstance(error, RuntimeError):  # a collective failed: this generation is lost
+            self.abort(f"{what} failed on rank {self.rank}: {error}")
+            raise GroupFailed(f"{what} failed in generation {number}: {error}") from error
+        if error is not None:
+            raise error  # the caller's own mistake (a bad argument): no generation would fix it
         return result.get("value")
 
     # ------------------------------------------------------------------ DDP's communication hook

@@ -30,6 +30,7 @@ import signal
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import IO
 
 import psutil
 
@@ -45,6 +46,7 @@ __all__ = [
     "find_rank_processes",
     "process_start_time",
     "read_tail",
+    "spawn_in_session",
     "stop_escalating",
 ]
 
@@ -196,6 +198,25 @@ def find_rank_processes(run_uid: str, node: str) -> list[FoundRank]:
     return found
 
 
+def spawn_in_session(
+    argv: list[str], env: Mapping[str, str], cwd: str | None, output: IO[bytes] | None, pass_fds: tuple[int, ...]
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` as the agent starts every process of a job: in its own session and process
+    group (a kill reaches its whole tree; it does not die with the agent), stdin from /dev/null,
+    stdout and stderr to ``output`` (None: the agent's), no inherited fd but ``pass_fds``."""
+    return subprocess.Popen(
+        argv,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=output,
+        stderr=subprocess.STDOUT if output is not None else None,
+        start_new_session=True,
+        close_fds=True,
+        pass_fds=pass_fds,
+    )
+
+
 class Launcher:
     """Owns the rank processes of one agent. ``on_exit(proc, info)`` is called once per exit."""
 
@@ -238,17 +259,7 @@ class Launcher:
                 log_file = open(launch.log_path, "ab", buffering=0)
                 if launch.header:
                     log_file.write(f"==== {launch.header} ====\n".encode())
-            popen = subprocess.Popen(
-                list(launch.argv),
-                env=env,
-                cwd=launch.cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT if log_file is not None else None,
-                start_new_session=True,
-                close_fds=True,
-                pass_fds=(read_fd,) if spare else (),
-            )
+            popen = spawn_in_session(list(launch.argv), env, launch.cwd, log_file, (read_fd,) if spare else ())
         except OSError as err:
             if spare:
                 os.close(write_fd)

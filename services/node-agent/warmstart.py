@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recoverd.agent.launcher import Launcher, RankLaunch, RankProcess
+from recoverd.agent.launcher import Launcher, RankLaunch, RankProcess, spawn_in_session
 from recoverd.errors import LaunchFailed
 
 __all__ = [
@@ -245,17 +245,7 @@ class WarmStart:
             if self._log_path:
                 os.makedirs(os.path.dirname(self._log_path) or ".", exist_ok=True)
                 out = open(self._log_path, "ab", buffering=0)
-            self._popen = subprocess.Popen(
-                argv,
-                env=env,
-                cwd=self._cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT if out is not None else None,
-                start_new_session=True,
-                close_fds=True,
-                pass_fds=(theirs.fileno(),),
-            )
+            self._popen = spawn_in_session(argv, env, self._cwd, out, (theirs.fileno(),))
         except OSError as err:
             ours.close()
             self.unavailable = f"cannot start the warm-start server: {err}"
@@ -309,10 +299,11 @@ class WarmStart:
         self._restarts = 0
         self.unavailable = ""
         log.info(
-            "warm-start server pid %s ready in %.1fs with %s",
+            "warm-start server pid %s ready in %.1fs with %s%s",
             hello.get("pid"),
             time.monotonic() - self._started_at,
             ", ".join(self.preloaded),
+            " (warmed up)" if hello.get("warmed_up") else "",
         )
         self._on_change()
 

@@ -82,6 +82,56 @@ def preload(modules: list[str]) -> tuple[list[str], dict[str, str]]:
     return loaded, failed
 
 
+def warm_up_torch() -> None:
+    """Pay PyTorch's first-use costs once, here, not in every forked rank: the first layer built,
+    backward pass, optimizer steps and ``torch.save``/``load`` took ~45 ms more in a fork than in
+    a warm process. One intra-op thread meanwhile, so no thread pool is started."""
+    import io
+
+    import torch
+    from torch import nn
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+        for optimizer in (
+            torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+            torch.optim.Adam(model.parameters()),
+        ):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(torch.randn(4, 8)), torch.tensor([0, 1, 0, 1])).backward()
+            optimizer.step()
+        buffer = io.BytesIO()
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
+        buffer.seek(0)
+        torch.load(buffer, weights_only=False)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def warm_up_is_safe() -> bool:
+    """Whether :func:`warm_up_torch` leaves this process fork-safe, tried in a throwaway child
+    first: on some builds a backward pass starts the CUDA driver or device threads, and that
+    cannot be undone here (the server then forks without the warm-up)."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        try:
+            warm_up_torch()
+            verdict = b"1" if fork_hazard() is None else b"0"
+        except BaseException:
+            verdict = b"0"
+        os.write(write_fd, verdict)
+        os._exit(0)
+    os.close(write_fd)
+    verdict = os.read(read_fd, 1)
+    os.close(read_fd)
+    os.waitpid(pid, 0)
+    return verdict == b"1"
+
+
 def _reseed() -> None:
     """A forked rank would otherwise share the server's random state with every other rank."""
     rand = sys.modules.get("random")
@@ -243,10 +293,20 @@ def fork_rank(request: dict[str, Any], server_fd: int) -> dict[str, Any]:
 
 def serve(sock: socket.socket, modules: list[str]) -> int:
     loaded, failed = preload(modules)
+    warmed_up = "torch" in loaded and fork_hazard() is None and warm_up_is_safe()
+    if warmed_up:
+        warm_up_torch()
     gc.collect()
     gc.freeze()  # the preloaded objects stay out of every collection: fewer pages copied per rank
     reader = sock.makefile("rb")
-    hello = {"ready": True, "pid": os.getpid(), "preloaded": loaded, "failed": failed, "hazard": fork_hazard()}
+    hello = {
+        "ready": True,
+        "pid": os.getpid(),
+        "preloaded": loaded,
+        "failed": failed,
+        "warmed_up": warmed_up,
+        "hazard": fork_hazard(),
+    }
     sock.sendall((json.dumps(hello) + "\n").encode())
     for line in reader:
         try:

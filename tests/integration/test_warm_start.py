@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -46,16 +47,22 @@ def _server(agent_pid: int) -> psutil.Process | None:
     return None
 
 
-def test_a_restarted_rank_is_forked_from_the_warm_start_server(cluster: Cluster) -> None:
+def _start(
+    cluster: Cluster, command: list[str], modules: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """The control plane, and an agent of JOB's 2 ranks whose warm-start server imports ``modules``."""
     cluster.coordinator()
     cluster.strategy()
-    agent = cluster.agent(
-        JOB,
-        nproc=2,
-        strategies="recover-in-place,exit",
-        command=[sys.executable, "-u", WARM_RANK, "--flag", "x y"],
-        extra=["--warm-start-modules", "decimal,json", "--max-rank-restarts", "10"],
-        env={"WARM_RANK_FAIL_FIRST_RESTART": "1"},
+    extra = ["--warm-start-modules", modules, "--max-rank-restarts", "10"]
+    return cluster.agent(JOB, nproc=2, strategies="recover-in-place,exit", command=command, extra=extra, env=env)
+
+
+def test_a_restarted_rank_is_forked_from_the_warm_start_server(cluster: Cluster) -> None:
+    agent = _start(
+        cluster,
+        [sys.executable, "-u", WARM_RANK, "--flag", "x y"],
+        "decimal,json",
+        {"WARM_RANK_FAIL_FIRST_RESTART": "1"},
     )
     logs = cluster.workdir / f"logs-{JOB}-node0"
     before = cluster.wait_running(JOB, 2)
@@ -117,15 +124,7 @@ def test_a_restarted_rank_is_forked_from_the_warm_start_server(cluster: Cluster)
 
 def test_a_dead_warm_start_server_is_replaced(cluster: Cluster) -> None:
     """The server is started again after it dies (plain starts meanwhile), and forks again."""
-    cluster.coordinator()
-    cluster.strategy()
-    agent = cluster.agent(
-        JOB,
-        nproc=2,
-        strategies="recover-in-place,exit",
-        command=[sys.executable, WARM_RANK],
-        extra=["--warm-start-modules", "decimal", "--max-rank-restarts", "10"],
-    )
+    agent = _start(cluster, [sys.executable, WARM_RANK], "decimal")
     logs = cluster.workdir / f"logs-{JOB}-node0"
     before = cluster.wait_running(JOB, 2)
     cluster.wait_for("the warm-start server", lambda: " ready in " in cluster.logs())

@@ -83,6 +83,33 @@ def parse_backend(spec: str) -> dict[str, str]:
     return out
 
 
+class _Abandoned(Exception):
+    """:func:`_unless_aborted` left its work behind: the generation was aborted meanwhile."""
+
+
+def _unless_aborted(name: str, work: Callable[[], Any], aborted: Callable[[], bool], every_s: float) -> Any:
+    """``work()`` on a daemon thread, checking ``aborted()`` every ``every_s``: raise _Abandoned at
+    once when it says so (the thread is left to unwind on its own: a collective inside torch cannot
+    be interrupted), else return work's result or raise its exception."""
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["value"] = work()
+        except BaseException as err:  # handed to the caller's thread
+            result["error"] = err
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(every_s)
+        if thread.is_alive() and aborted():
+            raise _Abandoned(name)
+    if "error" in result:
+        raise result["error"]
+    return result.get("value")
+
+
 @dataclass(frozen=True, slots=True)
 class _Pending:
     """A collective of DDP's communication hook, and the future DDP waits on."""
@@ -255,34 +282,29 @@ class ResilientGroup:
         """Build generation ``number``'s group on a helper thread, and give up on it as soon as the
         generation is aborted: gloo's connect loop cannot be interrupted, and a member that died
         after writing its address (an `exit` mid-recovery) would hold it for the connect timeout."""
-        built: dict[str, Any] = {}
 
-        def build() -> None:
+        def build() -> tuple[GlooGroup, tuple[Any, ...]]:
             self._connecting.number = number
-            try:
-                prefixed = dist.PrefixStore(f"g{number}/pg", self.store)  # PrefixStore adds the "/"
-                pg = dist.ProcessGroup(prefixed, self.rank, self.world_size)
-                backends = []
-                for device, name in self.backends.items():
-                    backend = self._backend(prefixed, device, name)
-                    kind = getattr(dist.ProcessGroup.BackendType, _BACKENDS[name])
-                    pg._register_backend(torch.device(device), kind, backend)
-                    backends.append(backend)
-                if len(set(self.backends.values())) == 1:
-                    pg._set_default_backend(kind)
-                built["pg"], built["backends"] = pg, tuple(backends)
-            except BaseException as err:  # handed to the caller's thread
-                built["error"] = err
+            prefixed = dist.PrefixStore(f"g{number}/pg", self.store)  # PrefixStore adds the "/"
+            pg = dist.ProcessGroup(prefixed, self.rank, self.world_size)
+            backends = []
+            for device, name in self.backends.items():
+                backend = self._backend(prefixed, device, name)
+                kind = getattr(dist.ProcessGroup.BackendType, _BACKENDS[name])
+                pg._register_backend(torch.device(device), kind, backend)
+                backends.append(backend)
+            if len(set(self.backends.values())) == 1:
+                pg._set_default_backend(kind)
+            return pg, tuple(backends)
 
-        thread = threading.Thread(target=build, name=f"gloo-connect-g{number}", daemon=True)
-        thread.start()
-        while thread.is_alive():
-            thread.join(CONNECT_CHECK_S)
-            if thread.is_alive() and self.store.check_or_none([f"g{number}/abort"]):
-                raise GenerationAborted(f"generation {number} aborted while connecting")
-        if "error" in built:
-            raise built["error"]
-        return built["pg"], built["backends"]
+        try:
+            return _unless_aborted(f"gloo-connect-g{number}", build, lambda: self._aborted(number), CONNECT_CHECK_S)  # type: ignore[no-any-return]
+        except _Abandoned:
+            raise GenerationAborted(f"generation {number} aborted while connecting") from None
+
+    def _aborted(self, number: int) -> bool:
+        """Generation ``number``'s abort key is set (an etcd hiccup is "not known to be")."""
+        return bool(self.store.check_or_none([f"g{number}/abort"]))
 
     # ------------------------------------------------------------------ collectives
     def _pg(self) -> GlooGroup:
@@ -300,28 +322,15 @@ class ResilientGroup:
         aborted meanwhile: for blocking collectives inside torch that cannot be polled (DDP's
         construction checks every rank's parameter shapes)."""
         number = self.generation
-        result: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                result["value"] = work()
-            except BaseException as err:  # handed to the caller's thread
-                result["error"] = err
-
-        thread = threading.Thread(target=run, name=f"{what}-g{number}", daemon=True)
-        thread.start()
-        while thread.is_alive():
-            thread.join(ABORT_CHECK_S)
-            if thread.is_alive() and self.store.check_or_none([f"g{number}/abort"]):
-                self.abort(f"{what} released: generation {number} aborted")
-                raise GroupFailed(f"generation {number} aborted during {what}")
-        error = result.get("error")
-        if isinstance(error, RuntimeError):  # a collective failed: this generation is lost
+        try:
+            return _unless_aborted(f"{what}-g{number}", work, lambda: self._aborted(number), ABORT_CHECK_S)
+        except _Abandoned:
+            self.abort(f"{what} released: generation {number} aborted")
+            raise GroupFailed(f"generation {number} aborted during {what}") from None
+        except RuntimeError as error:  # a collective failed: this generation is lost
             self.abort(f"{what} failed on rank {self.rank}: {error}")
             raise GroupFailed(f"{what} failed in generation {number}: {error}") from error
-        if error is not None:
-            raise error  # the caller's own mistake (a bad argument): no generation would fix it
-        return result.get("value")
+        # Anything else is the caller's own mistake (a bad argument): no generation would fix it.
 
     # ------------------------------------------------------------------ DDP's communication hook
     def allreduce_future(self, tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:

@@ -64,10 +64,12 @@ bench-node-loss: $(STAMP)
 	$(PY) bench/node_loss.py $(NODE_LOSS_ARGS)
 
 ## What ResilientTrainer costs per step against plain DDP, with torch's DDP and with its flat
-## all-reduce, side by side (~3 min; bench/results/ddp_overhead.{json,md}; docs/pytorch.md).
+## all-reduce, side by side, with the example's 10 ms standing for compute and with none (~6 min;
+## bench/results/ddp_overhead*.{json,md}; docs/pytorch.md).
 DDP_ARGS ?=
 bench-ddp: $(TORCH_STAMP)
-	$(PY) bench/ddp_overhead.py $(DDP_ARGS)
+	$(PY) bench/ddp_overhead.py --step-sleep 0.01 $(DDP_ARGS)
+	$(PY) bench/ddp_overhead.py --step-sleep 0 --name ddp_overhead_no_compute $(DDP_ARGS)
 
 ## What TLS and authentication cost each etcd call: plaintext, TLS, TLS + per-job user, side by side
 ## (~1 min; bench/results/tls.{json,md}; docs/security.md).

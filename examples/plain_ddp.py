@@ -78,6 +78,7 @@ def main() -> int:
             os.replace(tmp, ckpt)
     digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
     print(f"rank {rank} final sha256 {digest}", flush=True)
+    dist.barrier()  # nobody tears the group (and rank 0 the store) down while a peer still uses it
     dist.destroy_process_group()
     return 0
 

@@ -24,6 +24,7 @@ import pytest
 from recoverd.records import pb
 
 from .cluster import Cluster
+from .test_agent_restart import _reap_orphans
 
 pytestmark = pytest.mark.etcd
 
@@ -190,15 +191,5 @@ def test_a_restarted_agent_adopts_a_forked_rank(cluster: Cluster) -> None:
         lambda: (r := cluster.ranks(JOB))[1].state == pb.RANK_RUNNING and r[1].pid != forked and r,
     )
     cluster.stop("agent-node0")
-    orphans = [before[0].pid, forked, server.pid]  # re-parented to this test process (a subreaper)
-
-    def reaped() -> bool:
-        for pid in list(orphans):
-            try:
-                if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                    orphans.remove(pid)
-            except ChildProcessError:
-                orphans.remove(pid)
-        return not orphans
-
-    cluster.wait_for("the first agent's processes to end and be reaped", reaped)
+    # The first agent's ranks and server were re-parented to this test process (a subreaper).
+    _reap_orphans(cluster, [before[0].pid, forked, server.pid])

@@ -44,6 +44,7 @@ __all__ = [
     "RankLaunch",
     "RankProcess",
     "find_rank_processes",
+    "open_rank_log",
     "process_start_time",
     "read_tail",
     "spawn_in_session",
@@ -198,6 +199,18 @@ def find_rank_processes(run_uid: str, node: str) -> list[FoundRank]:
     return found
 
 
+def open_rank_log(launch: RankLaunch, how: str = "") -> IO[bytes] | None:
+    """The rank's log file opened for append, with this attempt's header line (``how``: how the
+    process was made, e.g. "warm start"); None when the rank has no log file."""
+    if not launch.log_path:
+        return None
+    os.makedirs(os.path.dirname(launch.log_path) or ".", exist_ok=True)
+    log_file = open(launch.log_path, "ab", buffering=0)
+    if launch.header:
+        log_file.write(f"==== {launch.header}{f' ({how})' if how else ''} ====\n".encode())
+    return log_file
+
+
 def spawn_in_session(
     argv: list[str], env: Mapping[str, str], cwd: str | None, output: IO[bytes] | None, pass_fds: tuple[int, ...]
 ) -> subprocess.Popen[bytes]:
@@ -254,11 +267,7 @@ class Launcher:
             os.set_inheritable(read_fd, True)
             env[SPARE_FD_ENV] = str(read_fd)
         try:
-            if launch.log_path:
-                os.makedirs(os.path.dirname(launch.log_path) or ".", exist_ok=True)
-                log_file = open(launch.log_path, "ab", buffering=0)
-                if launch.header:
-                    log_file.write(f"==== {launch.header} ====\n".encode())
+            log_file = open_rank_log(launch)
             popen = spawn_in_session(list(launch.argv), env, launch.cwd, log_file, (read_fd,) if spare else ())
         except OSError as err:
             if spare:
@@ -297,11 +306,9 @@ class Launcher:
         try:
             if len(message) > select.PIPE_BUF * 16:
                 raise OSError(f"assignment of {len(message)} bytes would not fit the pipe")
-            if launch.log_path:
-                os.makedirs(os.path.dirname(launch.log_path) or ".", exist_ok=True)
-                with open(launch.log_path, "ab", buffering=0) as log_file:
-                    if launch.header:
-                        log_file.write(f"==== {launch.header} (warm spare pid {spare.pid}) ====\n".encode())
+            log_file = open_rank_log(launch, f"warm spare pid {spare.pid}")
+            if log_file is not None:
+                log_file.close()
             os.set_blocking(spare._assign_fd, False)  # never wait on a wedged spare
             if os.write(spare._assign_fd, message) != len(message):
                 raise OSError("the assignment was only partly written")

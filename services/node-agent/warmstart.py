@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import re
+import signal
 import socket
 import subprocess
 import time
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recoverd.agent.launcher import Launcher, RankLaunch, RankProcess, spawn_in_session
+from recoverd.agent.launcher import Launcher, RankLaunch, RankProcess, open_rank_log, spawn_in_session
 from recoverd.errors import LaunchFailed
 
 __all__ = [
@@ -317,7 +318,7 @@ class WarmStart:
         if self._popen is not None:
             if self._popen.poll() is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(self._popen.pid, 9)
+                    os.killpg(self._popen.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired, ChildProcessError):
                 self._popen.wait(timeout=2.0)
             self._popen = None
@@ -365,11 +366,9 @@ class WarmStart:
             "log_path": launch.log_path,
         }
         try:
-            if launch.log_path:
-                os.makedirs(os.path.dirname(launch.log_path) or ".", exist_ok=True)
-                with open(launch.log_path, "ab", buffering=0) as log_file:
-                    if launch.header:
-                        log_file.write(f"==== {launch.header} (warm start) ====\n".encode())
+            log_file = open_rank_log(launch, "warm start")
+            if log_file is not None:
+                log_file.close()
             answer = self._ask(request)
         except OSError as err:
             self._lost(f"the warm-start server did not answer: {err}")

@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from recoverd.coordinator.model import Timeouts
 from recoverd.coordinator.reconciler import Coordinator
 from recoverd.coordinator.settings import CoordinatorSettings
 from recoverd.errors import FenceLost
@@ -60,7 +61,10 @@ async def _seed_job(store: Store, keys: Keyspace, job: str) -> RunRef:
 
 async def test_a_deposed_coordinator_cannot_write(etcd_endpoint: str, key_prefix: str) -> None:
     keys = Keyspace(key_prefix)
-    settings = CoordinatorSettings(lease_ttl_s=1)
+    # Short deadlines: whatever the successor did with the job first, the zombie's view soon has a
+    # deadline behind it, and acting on it is a write.
+    short = Timeouts(fault_window_s=0.2, stop_s=0.3, strategies_s=0.3, decide_s=0.3, recover_s=0.3)
+    settings = CoordinatorSettings(lease_ttl_s=1, timeouts=short)
     async with Store(etcd_endpoint) as store:
         zombie = Coordinator(store, keys, settings)
         task = asyncio.create_task(zombie.run())
@@ -79,8 +83,16 @@ async def test_a_deposed_coordinator_cannot_write(etcd_endpoint: str, key_prefix
             run = await _seed_job(store, keys, "fenced")
             zombie.leadership.value = stale_value
             await zombie._jobs.enqueue_all()  # its job cache as its watch would have it: up to date
+
+            async def act_until_it_writes() -> None:
+                # A pass may have nothing to write: under load the successor can have opened the
+                # recovery first, and it is still collecting. The zombie's next write must fail.
+                while True:
+                    await zombie.reconcile("fenced")
+                    await asyncio.sleep(0.05)
+
             with pytest.raises(FenceLost):
-                await zombie.reconcile("fenced")
+                await asyncio.wait_for(act_until_it_writes(), 10)
             # The successor, holding the key, is the one whose writes land (once its watch has
             # brought it the job).
             assert successor._jobs.cache is not None

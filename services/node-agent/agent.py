@@ -46,6 +46,7 @@ import psutil
 
 from recoverd import events, metrics, participants, rankwire, resetjson
 from recoverd.agent import resetfile
+from recoverd.agent.aggregate import declaration
 from recoverd.agent.detectors import DETECTORS, Detected, Detector, ExitDetector, fault_id, mindcluster_fault_type
 from recoverd.agent.detectors.hang import HangDetector
 from recoverd.agent.detectors.progress_socket import address_for
@@ -273,7 +274,7 @@ class NodeAgent:
         loop = asyncio.get_running_loop()
         self._exit_code = loop.create_future()
         self._launcher = self._runtime_factory(self._on_rank_exit, self._protected_pids)
-        self.membership.strategies = self._offered_strategies()
+        self.membership.strategies, _ = declaration(self._offered_strategies(), {}, holds_ranks=bool(self.slots))
         self._warm = WarmSpares(
             self._launcher,
             self._spare_launch,
@@ -681,9 +682,13 @@ class NodeAgent:
     def _declare(self) -> None:
         """Keep the node record's declaration in step with the ranks that joined: rewritten only
         when it changes (once per node as its ranks join, not once per rank in the usual case)."""
-        if self.rank_clients is None or self._launcher is None:
+        if self._launcher is None:
             return
-        strategies, answers = self.rank_clients.declaration(self._offered_strategies())
+        offered = self._offered_strategies()
+        if self.rank_clients is not None:
+            strategies, answers = self.rank_clients.declaration(offered)
+        else:
+            strategies, answers = declaration(offered, {}, holds_ranks=bool(self.slots))
         if (strategies, answers) != (self.membership.strategies, self.membership.answers_for_ranks):
             self.membership.strategies, self.membership.answers_for_ranks = strategies, answers
             self.membership.is_record_stale = True
@@ -1074,14 +1079,14 @@ class NodeAgent:
             or answer in self._answered
         ):
             return  # nothing to say, or the coordinator answers for this node (its record, its ack)
+        faulty = sorted({f.rank for f in recovery.faults})
         report = pb.Report(
             participant=self.participant,
             epoch=recovery.epoch,
             uuid=recovery.uuid,
             reported_at=ts_from_s(time.time()),
-            fault_ranks=sorted({f.rank for f in recovery.faults}),
+            fault_ranks=faulty,
         )
-        faulty = sorted({f.rank for f in recovery.faults})
         if recovery.phase == pb.PHASE_STOPPING:
             # The faulty ranks of this node must be down before we say "stopped" (a hung one may not be).
             local_faulty = [self.slots[r] for r in faulty if r in self.slots]

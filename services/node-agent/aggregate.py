@@ -7,7 +7,8 @@ follow the nodes, not the ranks. The rules:
 * **Declaration** (:func:`declaration`): once any rank has joined, the node declares the
   strategies that it and every joined rank can carry out. A rank's offer is kept across its
   restarts (a rank that is restarting has not withdrawn it); an agent carries out its own
-  strategies and relays :data:`~recoverd.strategies.RELAYED_TO_RANKS` to the ranks.
+  strategies and relays :data:`~recoverd.strategies.RELAYED_TO_RANKS` to the ranks. A node that
+  holds no rank does not rule out what only ranks carry out.
 * **A round** (:class:`Round`) is one phase's answer for the node. STOPPING: every joined rank that
   is not faulty acknowledged the stop (a rank that leaves meanwhile is stopped too). RECOVERING
   with a relayed strategy: every joined rank that is not faulty carried it out; any failure, a rank
@@ -29,10 +30,18 @@ from recoverd.strategies import ALL_STRATEGIES, RELAYED_TO_RANKS
 __all__ = ["Outcome", "Round", "declaration", "open_round"]
 
 
-def declaration(agent_offer: Sequence[str], offers: Mapping[int, Sequence[str]]) -> tuple[tuple[str, ...], bool]:
+def declaration(
+    agent_offer: Sequence[str], offers: Mapping[int, Sequence[str]], *, holds_ranks: bool = True
+) -> tuple[tuple[str, ...], bool]:
     """(strategies, answers_for_ranks) for the node record: the agent's own offer while no rank
     has joined; else what the agent (with what it relays) and every joined rank can do, in
-    :data:`ALL_STRATEGIES` order."""
+    :data:`ALL_STRATEGIES` order.
+
+    A node that holds no rank (an idle spare) has nothing to carry out for a strategy the ranks
+    carry out, so it does not rule one out: it declares them too (the coordinator's answer for the
+    uninvolved agents is the intersection of every declaration)."""
+    if not holds_ranks:
+        return tuple(s for s in ALL_STRATEGIES if s in set(agent_offer) | RELAYED_TO_RANKS), False
     if not offers:
         return tuple(agent_offer), False
     can = set(agent_offer) | RELAYED_TO_RANKS

@@ -115,7 +115,7 @@ class RankClients:
         """(strategies, answers_for_ranks) for the node record (``aggregate.declaration``), over
         the ranks this node still holds."""
         held = self._slots()
-        return declaration(agent_offer, {r: o for r, o in self.offers.items() if r in held})
+        return declaration(agent_offer, {r: o for r, o in self.offers.items() if r in held}, holds_ranks=bool(held))
 
     def answer(
         self, key: tuple[int, str, str], phase: str, strategy: str, uuid: str, faulty: Collection[int]

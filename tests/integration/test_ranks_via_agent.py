@@ -131,6 +131,28 @@ def test_a_rank_that_fails_its_dump_fails_its_nodes_answer(cluster: Cluster, tmp
     assert failures and "rank 0" in failures[0], [e.message for e in cluster.events(job)]
 
 
+def test_an_idle_spare_does_not_take_dump_away(cluster: Cluster, tmp_path: Path) -> None:
+    """A spare agent holds no rank, so nothing of a dump is its to do: it declares dump too."""
+    job = "job-link-spare"
+    cluster.coordinator()
+    cluster.strategy()
+    _start_job(cluster, job, 1, tmp_path)
+    cluster.agent(
+        job, "spare-0", nproc=1, nnodes=2, strategies="dump,exit", command=[sys.executable, LINK_RANK],
+        env={"LINK_RANK_DIR": str(tmp_path / job)}, extra=["--spare", "--agent-lease-ttl", "6"],
+    )  # fmt: skip
+    cluster.wait_running(job, 2)
+    cluster.wait_for("both agents to answer for their ranks", partial(_declared, cluster, job))
+    spare = cluster.wait_for("the spare to register", lambda: cluster.view(job).nodes.get("spare-0"))
+    assert spare.is_spare and not spare.answers_for_ranks and "dump" in spare.strategies
+    os.kill(cluster.ranks(job)[1].pid, signal.SIGKILL)
+    cluster.wait_for("the dump and its exit", partial(_exit_done, cluster, job), timeout=30)
+    _finish(cluster, job, tmp_path)
+    assert cluster.wait_exit("agent-spare-0", timeout=30) == 0, cluster.logs()
+    outcomes = cluster.view(job).history.outcomes  # type: ignore[union-attr]
+    assert [(o.strategy, o.ok) for o in outcomes] == [("dump", True), ("exit", True)]
+
+
 def test_a_join_from_another_process_or_a_malformed_message_is_refused(cluster: Cluster, tmp_path: Path) -> None:
     job = "job-link-untrusted"
     cluster.coordinator()

@@ -55,6 +55,12 @@ def test_a_node_declares_what_it_and_every_joined_rank_can_do() -> None:
     )
 
 
+def test_a_node_holding_no_rank_does_not_rule_out_what_ranks_carry_out() -> None:
+    # An idle spare: the intersection of every node's declaration keeps dump.
+    assert declaration(AGENT, {}, holds_ranks=False) == (("recover-in-place", "recover", "dump", "exit"), False)
+    assert declaration(AGENT, {0: ("exit",)}, holds_ranks=False)[1] is False
+
+
 # ---------------------------------------------------------------- rounds
 def test_stopping_waits_for_every_joined_rank_that_is_not_faulty() -> None:
     rnd = open_round(KEY, "STOPPING", "", joined={0, 1, 2}, running={0, 1, 2, 3}, faulty={2}, deadline=10.0)

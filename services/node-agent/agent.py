@@ -274,7 +274,7 @@ class NodeAgent:
         loop = asyncio.get_running_loop()
         self._exit_code = loop.create_future()
         self._launcher = self._runtime_factory(self._on_rank_exit, self._protected_pids)
-        self.membership.strategies, _ = declaration(self._offered_strategies(), {}, holds_ranks=bool(self.slots))
+        self.membership.strategies, _ = declaration(self._offered_strategies(), {}, self.slots.keys())
         self._warm = WarmSpares(
             self._launcher,
             self._spare_launch,
@@ -688,7 +688,7 @@ class NodeAgent:
         if self.rank_clients is not None:
             strategies, answers = self.rank_clients.declaration(offered)
         else:
-            strategies, answers = declaration(offered, {}, holds_ranks=bool(self.slots))
+            strategies, answers = declaration(offered, {}, self.slots.keys())
         if (strategies, answers) != (self.membership.strategies, self.membership.answers_for_ranks):
             self.membership.strategies, self.membership.answers_for_ranks = strategies, answers
             self.membership.is_record_stale = True

@@ -4,8 +4,8 @@ Ranks join the protocol through their node's agent (docs/adr/0036, ``rankclients
 shell); the agent then writes one report per phase for all of them, so a recovery's etcd writes
 follow the nodes, not the ranks. The rules:
 
-* **Declaration** (:func:`declaration`): once any rank has joined, the node declares the
-  strategies that it and every joined rank can carry out. A rank's offer is kept across its
+* **Declaration** (:func:`declaration`): once every rank of the node has joined, the node
+  declares the strategies that it and every rank can carry out. A rank's offer is kept across its
   restarts (a rank that is restarting has not withdrawn it); an agent carries out its own
   strategies and relays :data:`~recoverd.strategies.RELAYED_TO_RANKS` to the ranks. A node that
   holds no rank does not rule out what only ranks carry out.
@@ -31,22 +31,26 @@ __all__ = ["Outcome", "Round", "declaration", "open_round"]
 
 
 def declaration(
-    agent_offer: Sequence[str], offers: Mapping[int, Sequence[str]], *, holds_ranks: bool = True
+    agent_offer: Sequence[str], offers: Mapping[int, Sequence[str]], held: Collection[int]
 ) -> tuple[tuple[str, ...], bool]:
-    """(strategies, answers_for_ranks) for the node record: the agent's own offer while no rank
-    has joined; else what the agent (with what it relays) and every joined rank can do, in
-    :data:`ALL_STRATEGIES` order.
+    """(strategies, answers_for_ranks) for the node record, given the ranks it holds (``held``)
+    and the offers of the ranks that joined (kept while a rank restarts).
 
-    A node that holds no rank (an idle spare) has nothing to carry out for a strategy the ranks
-    carry out, so it does not rule one out: it declares them too (the coordinator's answer for the
-    uninvolved agents is the intersection of every declaration)."""
-    if not holds_ranks:
+    * Every held rank has joined: the node answers for them, and declares what the agent (with
+      what it relays) and every one of them can do, in :data:`ALL_STRATEGIES` order.
+    * Some have not (yet): the node speaks for none and declares the agent's own offer. Answering
+      for some ranks only would leave the others out of a stop or a dump.
+    * It holds no rank (an idle spare): nothing of a strategy the ranks carry out is its to do,
+      so it does not rule one out (the coordinator's answer for the uninvolved agents is the
+      intersection of every declaration): it declares those too.
+    """
+    if not held:
         return tuple(s for s in ALL_STRATEGIES if s in set(agent_offer) | RELAYED_TO_RANKS), False
-    if not offers:
+    if not set(held) <= offers.keys():
         return tuple(agent_offer), False
     can = set(agent_offer) | RELAYED_TO_RANKS
-    for offer in offers.values():
-        can &= set(offer)
+    for rank in held:
+        can &= set(offers[rank])
     return tuple(s for s in ALL_STRATEGIES if s in can), True
 
 

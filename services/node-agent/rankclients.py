@@ -113,9 +113,8 @@ class RankClients:
     # ---------------------------------------------------------------- what the agent asks
     def declaration(self, agent_offer: tuple[str, ...]) -> tuple[tuple[str, ...], bool]:
         """(strategies, answers_for_ranks) for the node record (``aggregate.declaration``), over
-        the ranks this node still holds."""
-        held = self._slots()
-        return declaration(agent_offer, {r: o for r, o in self.offers.items() if r in held}, holds_ranks=bool(held))
+        the ranks this node holds now."""
+        return declaration(agent_offer, self.offers, self._slots().keys())
 
     def answer(
         self, key: tuple[int, str, str], phase: str, strategy: str, uuid: str, faulty: Collection[int]

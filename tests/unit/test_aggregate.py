@@ -39,17 +39,24 @@ KEY = (3, "u-1", "STOPPING")
 
 # ---------------------------------------------------------------- declaration
 def test_an_agent_without_joined_ranks_declares_its_own_strategies() -> None:
-    assert declaration(AGENT, {}) == (AGENT, False)
+    assert declaration(AGENT, {}, {0, 1}) == (AGENT, False)
+
+
+def test_a_node_speaks_for_its_ranks_only_once_every_one_has_joined() -> None:
+    # Rank 1 has not joined (yet): the node answers for none of them.
+    assert declaration(AGENT, {0: ("dump", "exit")}, {0, 1}) == (AGENT, False)
+    # An offer of a rank the node no longer holds (moved away) does not count.
+    assert declaration(AGENT, {0: ("dump", "exit"), 7: ("exit",)}, {0}) == (("dump", "exit"), True)
 
 
 def test_a_node_declares_what_it_and_every_joined_rank_can_do() -> None:
     both = {0: ("dump", "exit"), 1: ("dump", "exit", "elastic-training")}
     # dump is relayed to the ranks; elastic-training is not (yet): no rank gets it through an agent.
-    assert declaration(AGENT, both) == (("dump", "exit"), True)
+    assert declaration(AGENT, both, {0, 1}) == (("dump", "exit"), True)
     # One rank that cannot dump takes dump away from the whole node.
-    assert declaration(AGENT, {**both, 2: ("exit",)}) == (("exit",), True)
+    assert declaration(AGENT, {**both, 2: ("exit",)}, {0, 1, 2}) == (("exit",), True)
     # A rank's offer of an agent strategy counts only where the agent can do it.
-    assert declaration(("recover-in-place", "exit"), {0: ("recover", "recover-in-place")}) == (
+    assert declaration(("recover-in-place", "exit"), {0: ("recover", "recover-in-place")}, {0}) == (
         ("recover-in-place",),
         True,
     )
@@ -57,8 +64,8 @@ def test_a_node_declares_what_it_and_every_joined_rank_can_do() -> None:
 
 def test_a_node_holding_no_rank_does_not_rule_out_what_ranks_carry_out() -> None:
     # An idle spare: the intersection of every node's declaration keeps dump.
-    assert declaration(AGENT, {}, holds_ranks=False) == (("recover-in-place", "recover", "dump", "exit"), False)
-    assert declaration(AGENT, {0: ("exit",)}, holds_ranks=False)[1] is False
+    assert declaration(AGENT, {}, ()) == (("recover-in-place", "recover", "dump", "exit"), False)
+    assert declaration(AGENT, {0: ("exit",)}, ())[1] is False
 
 
 # ---------------------------------------------------------------- rounds

@@ -182,11 +182,11 @@ def test_an_idle_spare_does_not_take_dump_away(cluster: Cluster, tmp_path: Path)
     cluster.coordinator()
     cluster.strategy()
     _start_job(cluster, job, 1, tmp_path)
+    cluster.wait_running(job, 2)  # a spare joins a running job
     cluster.agent(
         job, "spare-0", nproc=1, nnodes=2, strategies="dump,exit", command=[sys.executable, LINK_RANK],
         env={"LINK_RANK_DIR": str(tmp_path / job)}, extra=["--spare", "--agent-lease-ttl", "6"],
     )  # fmt: skip
-    cluster.wait_running(job, 2)
     cluster.wait_for("both agents to answer for their ranks", partial(_declared, cluster, job))
     spare = cluster.wait_for("the spare to register", lambda: cluster.view(job).nodes.get("spare-0"))
     assert spare.is_spare and not spare.answers_for_ranks and "dump" in spare.strategies

@@ -33,7 +33,7 @@ from recoverd.agent.ranktable import RankSlot
 from recoverd.errors import BadRecord
 from recoverd.rankwire import MAX_MESSAGE, Answer, Join, Signal, encode_signal, parse_from_rank, sockaddr
 
-__all__ = ["ROUND_TIMEOUT_S", "RankClients"]
+__all__ = ["MAX_CONNECTIONS", "ROUND_TIMEOUT_S", "RankClients"]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,10 @@ log = logging.getLogger(__name__)
 ROUND_TIMEOUT_S = 120.0
 _CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _BACKLOG = 256
+#: Messages read from one connection before the loop serves others (a flood must not hold it up).
+_BATCH = 64
+#: Connections served at once; more are closed at once (a node runs tens of ranks, not thousands).
+MAX_CONNECTIONS = 1024
 
 
 @dataclass(eq=False, slots=True)
@@ -153,14 +157,24 @@ class RankClients:
             except OSError as err:  # EMFILE and friends: the others are served; this one retries
                 log.warning("rank clients: accept failed: %s", err)
                 return
-            sock.setblocking(False)
             pid = _CREDS.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDS.size))[0]
+            if len(self._conns) >= MAX_CONNECTIONS:
+                sock.close()
+                self.dropped += 1
+                if self.dropped == 1:
+                    self._note("bad_rank_message", f"rank client (pid {pid}): over {MAX_CONNECTIONS} connections")
+                continue
+            sock.setblocking(False)
             conn = _Conn(sock, pid)
             self._conns.add(conn)
             loop.add_reader(sock.fileno(), self._readable, conn)
 
     def _readable(self, conn: _Conn) -> None:
-        while conn in self._conns:
+        """Read what the connection holds, at most _BATCH messages (the reader stays registered:
+        the loop calls back for the rest after serving the others)."""
+        for _ in range(_BATCH):
+            if conn not in self._conns:
+                return
             try:
                 data = conn.sock.recv(MAX_MESSAGE)
             except (BlockingIOError, InterruptedError):

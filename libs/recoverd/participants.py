@@ -5,7 +5,9 @@ controller per job). Otherwise the node agents answer for their own ranks, and a
 answer only where it alone knows it (docs/adr/0029), so that a recovery's writes follow the nodes it
 involves, not the job's size:
 
-* STOPPING: the agent of a live node that holds a fault rank answers once it has stopped them;
+* STOPPING: the agent of a live node that holds a fault rank answers once it has stopped them,
+  unless its rank table already shows them all ended (they exited): then the coordinator answers
+  for it at once (not for an agent that answers for its ranks, below: they acknowledge first);
 * GLOBAL_FAULT: no agent writes; the strategies an agent can carry out are declared once, in its
   node record (``NodeRecord.strategies``), and the coordinator answers for it from there. An agent
   that declares none (an older one) is a participant and reports them itself;
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 from recoverd.strategies import RELAYED_TO_RANKS
 
-__all__ = ["AGENTS", "JOB_STRATEGIES", "agent_reports", "is_agent", "of_client", "of_node"]
+__all__ = ["AGENTS", "JOB_STRATEGIES", "agent_reports", "is_agent", "node_of", "of_client", "of_node"]
 
 #: The node agents that have nothing to do in the current phase, answered for by the coordinator.
 AGENTS = "agents"
@@ -39,6 +41,11 @@ JOB_STRATEGIES = RELAYED_TO_RANKS
 def of_node(node: str) -> str:
     """The participant id of the node agent on ``node``."""
     return f"agent.{node}"
+
+
+def node_of(participant: str) -> str:
+    """The node of an agent's participant id (:func:`of_node`'s inverse)."""
+    return participant.removeprefix("agent.")
 
 
 def is_agent(participant: str) -> bool:

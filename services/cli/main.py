@@ -34,7 +34,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
 
-from recoverd import etcd_security, logs, tlsdir
+from recoverd import etcd_security, logs, priority, tlsdir
 from recoverd.agent.agent import AgentSettings, NodeAgent, become_subreaper
 from recoverd.cli import completion
 from recoverd.cli.parser import CONFIGURABLE, build_parser, config_path_of, configured, show_config
@@ -358,6 +358,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"recoverd: error: {err}", file=sys.stderr)
         sys.exit(2)
     logs.setup(args.log_level, args.log_format)
+    # Before any thread or process is started: they inherit the priority (recoverd.priority).
+    priority.boost(getattr(args, "cpu_boost", 0))
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     try:
         code = asyncio.run(_main_async(args))

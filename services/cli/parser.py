@@ -21,6 +21,7 @@ from recoverd.coordinator.model import Timeouts
 from recoverd.errors import ConfigError
 from recoverd.gateway import server as gateway_server
 from recoverd.keys import DEFAULT_PREFIX
+from recoverd.priority import DEFAULT_BOOST
 from recoverd.strategies import parse_strategies
 
 __all__ = ["CONFIGURABLE", "build_parser", "config_path_of", "configured", "show_config", "subcommands"]
@@ -53,6 +54,15 @@ def add_common(parser: argparse.ArgumentParser, *, etcd_required: bool) -> None:
         metavar="PORT",
         help="serve Prometheus /metrics, /healthz and /readyz on this port (default: $RECOVERD_METRICS_PORT,"
         " else 0: off; docs/operations.md)",
+    )
+    parser.add_argument(
+        "--cpu-boost",
+        type=non_negative(int),
+        default=int(os.environ.get("RECOVERD_CPU_BOOST") or DEFAULT_BOOST),
+        metavar="N",
+        help="run this service N nice levels ahead of the job's processes, which keep their own priority,"
+        " so recoveries do not queue behind busy ranks; needs CAP_SYS_NICE, else ignored (default:"
+        " $RECOVERD_CPU_BOOST or %(default)s; 0: off; docs/adr/0037)",
     )
     parser.add_argument(
         "--config",

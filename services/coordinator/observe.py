@@ -166,6 +166,14 @@ def implied_answers(view: JobView, rec: Recovery) -> list[Event]:
                 code = 0 if ack.ok else 1
                 out.append(RecoverStatusReported(rec.epoch, who, code, rec.strategy, "" if ack.ok else ack.detail))
             continue
+        if (
+            rec.phase is Phase.STOPPING
+            and participants.is_agent(who)
+            and who not in speaking  # its other ranks acknowledge the stop first (ADR 0036)
+            and _nothing_to_stop(view, rec, who)
+        ):
+            out.append(StopCompleted(rec.epoch, who))
+            continue
         if who != participants.AGENTS and (
             not participants.is_agent(who)
             or participants.agent_reports(
@@ -181,6 +189,28 @@ def implied_answers(view: JobView, rec: Recovery) -> list[Event]:
         else:
             out.append(RecoverStatusReported(rec.epoch, who, 0, rec.strategy))
     return out
+
+
+#: Rank states with no process behind them.
+_ENDED = frozenset({pb.RANK_SUCCEEDED, pb.RANK_FAILED, pb.RANK_STOPPED})
+
+
+def _nothing_to_stop(view: JobView, rec: Recovery, agent: str) -> bool:
+    """Whether every fault rank of ``rec`` that ``agent``'s node holds has ended in the life the
+    fault is about, as its rank table says: its stop is complete before it could say so (a rank
+    that exited is written to the table with, or before, its fault). Saves a round trip on the
+    usual fault, a process that died; a hung rank is still running, and its agent answers once
+    it has stopped it."""
+    node = participants.node_of(agent)
+    table = view.ranks.get(node)
+    if table is None:
+        return False
+    rows = {r.rank: r for r in table.ranks}
+    held = [f for f in rec.faults if f.node == node]
+    # The same life of the rank as the fault's: one restarted since (a later round) runs again.
+    return bool(held) and all(
+        (row := rows.get(f.rank)) is not None and row.state in _ENDED and row.generation == f.generation for f in held
+    )
 
 
 def all_succeeded(view: JobView, rec: Recovery) -> bool:

@@ -34,6 +34,7 @@ from typing import IO
 
 import psutil
 
+from recoverd import priority
 from recoverd.errors import LaunchFailed
 
 __all__ = [
@@ -216,8 +217,10 @@ def spawn_in_session(
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` as the agent starts every process of a job: in its own session and process
     group (a kill reaches its whole tree; it does not die with the agent), stdin from /dev/null,
-    stdout and stderr to ``output`` (None: the agent's), no inherited fd but ``pass_fds``."""
-    return subprocess.Popen(
+    stdout and stderr to ``output`` (None: the agent's), no inherited fd but ``pass_fds``, at the
+    job's CPU priority, not the agent's (recoverd.priority): put back as soon as it has started,
+    before the job's code can start a thread."""
+    popen = subprocess.Popen(
         argv,
         env=env,
         cwd=cwd,
@@ -228,6 +231,8 @@ def spawn_in_session(
         close_fds=True,
         pass_fds=pass_fds,
     )
+    priority.as_job(popen.pid)
+    return popen
 
 
 class Launcher:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from recoverd import priority
 from recoverd.agent.launcher import Launcher, RankLaunch, RankProcess, open_rank_log, spawn_in_session
 from recoverd.errors import LaunchFailed
 
@@ -297,6 +298,10 @@ class WarmStart:
             self._give_up(f"nothing to preload ({failed or 'no modules'}): a warm start would gain nothing")
             return
         self._ready = True
+        if self._popen is not None:
+            # It forks the replacements: at the control plane's priority; each rank it forks puts
+            # itself back at the job's before it runs anything of the job (recoverd.priority).
+            priority.as_control_plane(self._popen.pid)
         self._restarts = 0
         self.unavailable = ""
         log.info(
@@ -364,6 +369,7 @@ class WarmStart:
             "env": dict(launch.env),
             "cwd": launch.cwd,
             "log_path": launch.log_path,
+            "nice": priority.current().job_nice,
         }
         try:
             log_file = open_rank_log(launch, "warm start")

@@ -11,6 +11,7 @@ status: the first replacement exits 3, and the fault record says so.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from recoverd.priority import DEFAULT_BOOST
 from recoverd.records import pb
 
 from .cluster import Cluster
@@ -38,14 +40,21 @@ def _identities(log: Path) -> list[dict[str, object]]:
     return [json.loads(line.split(" ", 1)[1]) for line in log.read_text().splitlines() if line.startswith("identity ")]
 
 
-def _server(agent_pid: int) -> psutil.Process | None:
+def _warm_processes(agent_pid: int, *, standby: bool) -> list[psutil.Process]:
+    """The agent's warm-start server (``standby=False``) or the standbys it forked ahead."""
+    found = []
     for child in psutil.Process(agent_pid).children():
         try:
-            if any(part.endswith("warmstart_server.py") for part in child.cmdline()):
-                return child
+            cmdline = child.cmdline()
         except psutil.Error:
             continue
-    return None
+        if any(part.endswith("warmstart_server.py") for part in cmdline) and ("--standby-of" in cmdline) is standby:
+            found.append(child)
+    return found
+
+
+def _server(agent_pid: int) -> psutil.Process | None:
+    return next(iter(_warm_processes(agent_pid, standby=False)), None)
 
 
 def _start(
@@ -74,6 +83,9 @@ def test_a_restarted_rank_is_forked_from_the_warm_start_server(cluster: Cluster)
     assert server is not None, cluster.logs()
     first = cluster.wait_for("rank 1's identity", lambda: _identities(logs / "rank1.log"))[0]
     assert first["preloaded"] is False  # started plainly: the server was not ready at launch
+    standby = cluster.wait_for("a standby forked ahead", lambda: _warm_processes(agent.pid, standby=True))
+    assert len(standby) == 1 and [a for a in standby[0].cmdline() if a][-2:] == ["--standby-of", str(server.pid)]
+    assert "RANK" not in standby[0].environ()  # not a rank until it is given one: adoption ignores it
 
     os.kill(before[1].pid, signal.SIGKILL)
 
@@ -98,6 +110,10 @@ def test_a_restarted_rank_is_forked_from_the_warm_start_server(cluster: Cluster)
         assert seen["pgid"] == seen["pid"] == seen["sid"], seen  # its own session and process group
         assert seen["stdin_is_null"] is True
     assert len({first["random"], forked["random"], stays["random"]}) == 3  # reseeded in each fork
+    assert forked["pid"] == standby[0].pid  # the first replacement was the standby: no fork to wait for
+    # Each use is followed by a new standby (the next replacement's), forked after the answer.
+    again = cluster.wait_for("the next standby", lambda: _warm_processes(agent.pid, standby=True))
+    assert len(again) == 1 and again[0].pid not in (forked["pid"], stays["pid"])
     # Re-parented to the agent (a subreaper), not the server's: the agent reaps it and reads its status.
     replacement = psutil.Process(after[1].pid)
     assert replacement.pid == stays["pid"]
@@ -131,8 +147,11 @@ def test_a_dead_warm_start_server_is_replaced(cluster: Cluster) -> None:
     cluster.wait_for("the warm-start server", lambda: " ready in " in cluster.logs())
     server = _server(agent.pid)
     assert server is not None
+    standby = cluster.wait_for("a standby forked ahead", lambda: _warm_processes(agent.pid, standby=True))[0]
     server.kill()
     cluster.wait_for("the agent to notice", lambda: "the warm-start server ended" in cluster.logs())
+    # The standby ends with its server (its pipe closes) and the agent reaps it: no zombie is left.
+    cluster.wait_for("the standby gone", lambda: not psutil.pid_exists(standby.pid))
     cluster.wait_for("a new server", lambda: cluster.logs().count(" ready in ") == 2)
     again = _server(agent.pid)
     assert again is not None and again.pid != server.pid
@@ -170,6 +189,8 @@ def test_a_restarted_agent_adopts_a_forked_rank(cluster: Cluster) -> None:
     )[1].pid
     server = _server(agent.pid)
     assert server is not None
+    standbys = cluster.wait_for("a standby forked ahead", lambda: _warm_processes(agent.pid, standby=True))
+    assert all(p.ppid() == agent.pid for p in standbys), "a standby is the agent's child, as its rank will be"
 
     cluster.kill("agent-node0")
     cluster.agent(JOB, **args)  # type: ignore[arg-type]
@@ -192,4 +213,40 @@ def test_a_restarted_agent_adopts_a_forked_rank(cluster: Cluster) -> None:
     )
     cluster.stop("agent-node0")
     # The first agent's ranks and server were re-parented to this test process (a subreaper).
-    _reap_orphans(cluster, [before[0].pid, forked, server.pid])
+    # So was the standby, which ends with the server (its pipe closes).
+    _reap_orphans(cluster, [before[0].pid, forked, server.pid, *(p.pid for p in standbys)])
+
+
+def _nice_of_threads(pid: int) -> set[int]:
+    """The nice value of each thread of ``pid`` (Linux keeps it per thread)."""
+    values = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            values.add(int(stat.rsplit(")", 1)[1].split()[16]))  # field 19: nice
+    return values
+
+
+def test_the_control_plane_runs_ahead_of_the_ranks_which_keep_the_jobs_priority(cluster: Cluster) -> None:
+    """``--cpu-boost`` (default 10): the agent, all its threads, and the warm-start server once
+    ready run ahead of the job; every rank, started plainly or forked, runs at the job's own
+    priority. Without CAP_SYS_NICE nothing changes."""
+    job_nice = os.getpriority(os.PRIO_PROCESS, 0)  # what this harness gives the agent it starts
+    boosted = max(-20, job_nice - DEFAULT_BOOST) if os.geteuid() == 0 else job_nice
+    agent = _start(cluster, [sys.executable, WARM_RANK], "decimal")
+    before = cluster.wait_running(JOB, 2)
+    cluster.wait_for("the warm-start server", lambda: " ready in " in cluster.logs())
+    server = _server(agent.pid)
+    assert server is not None
+    standby = cluster.wait_for("a standby", lambda: _warm_processes(agent.pid, standby=True))[0]
+    assert _nice_of_threads(agent.pid) == {boosted}, "every thread of the agent, its event loop's and gRPC's"
+    assert _nice_of_threads(server.pid) == _nice_of_threads(standby.pid) == {boosted}
+    for status in before.values():
+        assert _nice_of_threads(status.pid) == {job_nice}, "a rank started plainly"
+
+    os.kill(before[1].pid, signal.SIGKILL)
+    forked = cluster.wait_for(
+        "rank 1 forked", lambda: (r := cluster.ranks(JOB))[1].state == pb.RANK_RUNNING and r[1].restart_count == 1 and r
+    )[1]
+    assert forked.pid == standby.pid
+    assert _nice_of_threads(forked.pid) == {job_nice}, "a rank forked from the server puts itself back"

@@ -201,3 +201,18 @@ def test_every_node_that_answers_for_ranks_is_a_participant_and_is_waited_for() 
     mixed = _view(("n0", "n1", "n2"))
     agents = [a for a in implied_answers(mixed, deciding) if a.participant == "agents"]  # type: ignore[attr-defined]
     assert agents == [StrategiesReported(2, "agents", ("exit",))]
+
+
+def test_a_node_that_answers_for_its_ranks_is_not_answered_for_when_its_fault_rank_ended() -> None:
+    """ADR 0037's implied stop (the fault rank's process has ended) does not apply: the node's
+    other ranks must acknowledge the stop through their agent first."""
+    v = _view(("n0", "n1", "n2", "n3"))
+    v.ranks["n3"] = pb.NodeRanks(node="n3", ranks=[pb.RankStatus(rank=0, state=pb.RANK_FAILED, generation=0)])
+    live = live_participants(v, _recovery(Phase.STOPPING))
+    assert implied_answers(v, _recovery(Phase.STOPPING, participants=live)) == [StopCompleted(2, "agents")]
+    # The same node without clients of its ranks is answered for at once.
+    plain = _view(())
+    plain.ranks["n3"] = v.ranks["n3"]
+    live = live_participants(plain, _recovery(Phase.STOPPING))
+    answers = implied_answers(plain, _recovery(Phase.STOPPING, participants=live))
+    assert StopCompleted(2, "agent.n3") in answers

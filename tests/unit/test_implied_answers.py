@@ -69,6 +69,36 @@ def test_stopping_waits_only_for_the_node_holding_the_fault() -> None:
     assert rec.phase is Phase.GLOBAL_FAULT
 
 
+def table(node: str, *rows: tuple[int, int, int]) -> pb.NodeRanks:
+    """A node's rank table of (rank, state, generation) rows."""
+    return pb.NodeRanks(node=node, ranks=[pb.RankStatus(rank=r, state=state, generation=gen) for r, state, gen in rows])
+
+
+def test_a_node_whose_fault_ranks_have_ended_is_answered_for_at_once() -> None:
+    """A rank that exited needs no stopping: its table (written with, or before, its fault) says
+    so, and its agent's answer is not waited for (one round trip less on the usual fault)."""
+    v = view(4)
+    rec = recovery(Phase.STOPPING, participants=frozenset({"agents", "agent.n3"}))
+    for state in (pb.RANK_FAILED, pb.RANK_SUCCEEDED, pb.RANK_STOPPED):
+        v.ranks["n3"] = table("n3", (0, state, 0), (1, pb.RANK_RUNNING, 0))  # rank 1 is no fault rank
+        assert implied_answers(v, rec) == [StopCompleted(2, "agent.n3"), StopCompleted(2, "agents")]
+    answered = rec
+    for answer in implied_answers(v, rec):
+        answered, _ = step(answered, answer, now=10.0)
+    assert answered.phase is Phase.GLOBAL_FAULT
+
+
+def test_a_fault_rank_still_running_is_stopped_by_its_agent() -> None:
+    """Its agent must answer: a hung rank still runs; so does one restarted since the fault (a
+    later life: a higher generation), and a node whose table is not known says nothing."""
+    rec = recovery(Phase.STOPPING, participants=frozenset({"agents", "agent.n3"}))
+    for rows in ([(0, pb.RANK_RUNNING, 0)], [(0, pb.RANK_PENDING, 0)], [(0, pb.RANK_FAILED, 1)], []):
+        v = view(4)
+        if rows:
+            v.ranks["n3"] = table("n3", *rows)
+        assert implied_answers(v, rec) == [StopCompleted(2, "agents")], rows
+
+
 def test_global_fault_is_answered_from_the_declarations_at_once() -> None:
     v = view(4)
     v.nodes["n1"].strategies[:] = ["recover-in-place", "exit"]  # cannot start other nodes' ranks

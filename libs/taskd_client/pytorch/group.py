@@ -191,7 +191,7 @@ class ResilientGroup:
         """The store's blocking reads stop when the generation being formed (by the calling
         thread: each connect runs on its own) is aborted."""
         number = getattr(self._connecting, "number", self._forming)
-        if number >= 0 and self.store.check([f"g{number}/abort"]):
+        if number >= 0 and self.store.seen(f"g{number}/abort") is not None:
             return f"generation {number} aborted"
         return None
 
@@ -304,7 +304,7 @@ class ResilientGroup:
 
     def _aborted(self, number: int) -> bool:
         """Generation ``number``'s abort key is set (an etcd hiccup is "not known to be")."""
-        return bool(self.store.check_or_none([f"g{number}/abort"]))
+        return bool(self.store.seen_or_none(f"g{number}/abort"))
 
     # ------------------------------------------------------------------ collectives
     def _pg(self) -> GlooGroup:
@@ -413,7 +413,7 @@ class ResilientGroup:
             if waited >= ABORT_CHECK_S and now >= next_check:
                 next_check = now + ABORT_CHECK_S
                 for number in sorted({entry.generation for entry in pending.values()}):
-                    if self.store.check_or_none([f"g{number}/abort"]):
+                    if self.store.seen_or_none(f"g{number}/abort"):
                         self._fail_pending(number, "another rank aborted it")
             time.sleep(delay)
             delay = min(delay * 2, POLL_MAX_S)
@@ -432,7 +432,7 @@ class ResilientGroup:
                 said_waiting = True
             if now >= next_check:
                 # An etcd hiccup is "don't know": keep polling the collective itself.
-                if self.store.check_or_none([f"g{number}/abort"]):
+                if self.store.seen_or_none(f"g{number}/abort"):
                     self.abort(f"{what} released: generation {number} aborted")
                     raise GroupFailed(f"generation {number} aborted during {what}")
                 next_check = now + ABORT_CHECK_S

@@ -8,7 +8,8 @@ registers later -> it grows back to 4 (docs/pytorch.md, "Elastic world size")::
     recoverd agent --job J --node b ... --node-rank 1 ...
     recoverd agent --job J --node spare --nproc-per-node 2 --nnodes 2 --spare ...   # later
 
-or, saving and resuming (``--strategies dump,exit``, ``--dump-dir DIR``).
+or, saving and resuming (``--strategies dump,exit``, ``--dump-dir DIR``; with ``--via-agent`` every
+rank answers through its node agent instead of rank 0's relay, docs/adr/0036).
 
 Each rank trains a small MLP to imitate a fixed random "teacher" network on a synthetic dataset,
 which it shards with ``ElasticShards``: the global batch of a step is the same samples whatever the
@@ -63,7 +64,13 @@ def run(args: argparse.Namespace) -> int:
     x, y = make_data(args.seed, args.dataset)
     model = make_model(args.seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    protocol = RecoveryProtocol(offer=args.offer, dump_dir=args.dump_dir, on_world_change=on_world_change, on_event=say)
+    protocol = RecoveryProtocol(
+        offer=args.offer,
+        dump_dir=args.dump_dir,
+        on_world_change=on_world_change,
+        on_event=say,
+        via_agent=args.via_agent,
+    )
     trainer = ResilientTrainer(
         model,
         optimizer,
@@ -116,6 +123,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="strategies rank 0 offers recoverd (comma-separated)",
     )
     parser.add_argument("--dump-dir", default=None, help="where a dump saves, and a restart resumes from")
+    parser.add_argument(
+        "--via-agent",
+        action="store_true",
+        help="every rank takes part in recoverd's protocol through its node agent (docs/adr/0036)"
+        " instead of rank 0's relay client",
+    )
     parser.add_argument("--collective-timeout", type=float, default=60.0)
     return parser.parse_args(argv)
 

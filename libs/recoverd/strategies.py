@@ -18,6 +18,7 @@ __all__ = [
     "CHEAPER_THAN_EXIT",
     "DRAIN_KIND",
     "NODE_WIDE",
+    "RELAYED_TO_RANKS",
     "RESTARTS_FAULTY_RANKS",
     "TRAITS",
     "Traits",
@@ -61,6 +62,10 @@ NODE_WIDE = frozenset(s for s, t in TRAITS.items() if t.node_wide)
 #: What an agent can do for ranks that run no client (`recover` only where its runtime can start
 #: any rank: not under msrun or for adopted processes).
 AGENT_STRATEGIES: tuple[str, ...] = tuple(s for s, t in TRAITS.items() if t.agent_can_do)
+#: What an agent that answers for its ranks' clients (docs/adr/0036) carries out through them: it
+#: relays the signal to every joined rank and reports once they all answered. `elastic-training`
+#: is not among them yet (it still needs the rank-0 relay, docs/adr/0032); nor is `retry`.
+RELAYED_TO_RANKS: frozenset[str] = frozenset({"dump"})
 
 
 def parse_strategies(text: str, *, where: str = "strategies") -> tuple[str, ...]:

@@ -124,16 +124,19 @@ def live_participants(view: JobView, rec: Recovery) -> frozenset[str]:
     """Who answers ``rec``: the job's live clients if it has any (MindCluster style, one controller
     per job); otherwise the node agents, each answering itself only where it alone can
     (``participants.agent_reports``): the live nodes that hold a fault rank of ``rec`` (they stop
-    them) and the agents whose records declare no strategies; every other live agent is answered
-    for by the coordinator, as :data:`~recoverd.participants.AGENTS` (docs/adr/0029). With no live
-    agent at all, nobody answers, and the phase waits for its deadline or a node."""
+    them), the agents whose records declare no strategies, and the agents that answer for their
+    ranks' clients (docs/adr/0036: each speaks for its ranks, one report per phase); every other
+    live agent is answered for by the coordinator, as :data:`~recoverd.participants.AGENTS`
+    (docs/adr/0029). With no live agent at all, nobody answers, and the phase waits for its
+    deadline or a node."""
     if view.clients:
         return frozenset(participants.of_client(c) for c in view.clients)
     if not view.nodes:
         return frozenset()
     holders = {f.node for f in rec.faults} & view.nodes.keys()
     undeclared = {name for name, record in view.nodes.items() if not record.strategies}
-    return frozenset({participants.AGENTS, *(participants.of_node(n) for n in holders | undeclared)})
+    speaking = {name for name, record in view.nodes.items() if record.answers_for_ranks}
+    return frozenset({participants.AGENTS, *(participants.of_node(n) for n in holders | undeclared | speaking)})
 
 
 def implied_answers(view: JobView, rec: Recovery) -> list[Event]:
@@ -143,12 +146,14 @@ def implied_answers(view: JobView, rec: Recovery) -> list[Event]:
       report in this phase: stopped (nothing of theirs to stop), the strategies their node records
       declare (for AGENTS: what every live agent declares), or recovered (nothing to confirm).
     * In RECOVERING, a commanded node's answer is its ack of this epoch's command: ok, or code 1
-      with the ack's detail.
+      with the ack's detail. An agent that answers for its ranks reports a strategy carried out in
+      the job (``participants.JOB_STRATEGIES``) itself.
     Answers already counted are not given again.
     """
     if rec.phase not in WAITING_PHASES:
         return []
     declared = {participants.of_node(n): tuple(r.strategies) for n, r in view.nodes.items() if r.strategies}
+    speaking = {participants.of_node(n) for n, r in view.nodes.items() if r.answers_for_ranks}
     every = set(ALL_STRATEGIES)
     for offered in declared.values():
         every &= set(offered)
@@ -161,11 +166,19 @@ def implied_answers(view: JobView, rec: Recovery) -> list[Event]:
                 code = 0 if ack.ok else 1
                 out.append(RecoverStatusReported(rec.epoch, who, code, rec.strategy, "" if ack.ok else ack.detail))
             continue
-        if rec.phase is Phase.STOPPING and participants.is_agent(who) and _nothing_to_stop(view, rec, who):
+        if (
+            rec.phase is Phase.STOPPING
+            and participants.is_agent(who)
+            and who not in speaking  # its other ranks acknowledge the stop first (ADR 0036)
+            and _nothing_to_stop(view, rec, who)
+        ):
             out.append(StopCompleted(rec.epoch, who))
             continue
         if who != participants.AGENTS and (
-            not participants.is_agent(who) or participants.agent_reports(rec.phase.value, declared=who in declared)
+            not participants.is_agent(who)
+            or participants.agent_reports(
+                rec.phase.value, declared=who in declared, answers_for_ranks=who in speaking, strategy=rec.strategy
+            )
         ):
             continue  # a client, or an agent that answers this phase itself
         if rec.phase is Phase.STOPPING:
@@ -196,8 +209,7 @@ def _nothing_to_stop(view: JobView, rec: Recovery, agent: str) -> bool:
     held = [f for f in rec.faults if f.node == node]
     # The same life of the rank as the fault's: one restarted since (a later round) runs again.
     return bool(held) and all(
-        (row := rows.get(f.rank)) is not None and row.state in _ENDED and row.generation == f.generation
-        for f in held
+        (row := rows.get(f.rank)) is not None and row.state in _ENDED and row.generation == f.generation for f in held
     )
 
 

@@ -18,7 +18,8 @@ The agent
 4. **executes commands** (restart some ranks, restart all) addressed to its node, idempotently by
    (epoch, seq), and acknowledges them;
 5. **answers the protocol** for ranks that run no client: stop-complete, its supported strategies
-   (`recover-in-place`, `recover`, `exit`) and the recover status;
+   (`recover-in-place`, `recover`, `exit`) and the recover status; and for the ranks whose clients
+   joined through its socket (``rankclients.py``, docs/adr/0036), one report per phase for all;
 6. **ends with the job**: exit 0 when the coordinator records success, 1 when it records failure.
 
 A **spare** agent (``--spare``) joins a running job with no ranks; a `recover` gives it a faulty
@@ -43,8 +44,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 import psutil
 
-from recoverd import events, metrics, participants, resetjson
+from recoverd import events, metrics, participants, rankwire, resetjson
 from recoverd.agent import resetfile
+from recoverd.agent.aggregate import declaration
 from recoverd.agent.detectors import DETECTORS, Detected, Detector, ExitDetector, fault_id, mindcluster_fault_type
 from recoverd.agent.detectors.hang import HangDetector
 from recoverd.agent.detectors.progress_socket import address_for
@@ -62,6 +64,7 @@ from recoverd.agent.launcher import (
 )
 from recoverd.agent.membership import Membership
 from recoverd.agent.outbox import Outbox
+from recoverd.agent.rankclients import RankClients
 from recoverd.agent.ranktable import LIVE_STATES, RankSlot, RankTable
 from recoverd.agent.readopt import plan_adoption
 from recoverd.agent.runtime import RankRuntime, RuntimeFactory
@@ -198,6 +201,8 @@ class NodeAgent:
         exits = self.detectors.get(ExitDetector)
         assert exits is not None, "the exit detector is always registered"
         self._exits = exits
+        #: The ranks' recovery clients that joined through this node's socket (None: not serving).
+        self.rank_clients: RankClients | None = None
 
     @property
     def slots(self) -> dict[int, RankSlot]:
@@ -269,7 +274,7 @@ class NodeAgent:
         loop = asyncio.get_running_loop()
         self._exit_code = loop.create_future()
         self._launcher = self._runtime_factory(self._on_rank_exit, self._protected_pids)
-        self.membership.strategies = self._offered_strategies()
+        self.membership.strategies, _ = declaration(self._offered_strategies(), {}, self.slots.keys())
         self._warm = WarmSpares(
             self._launcher,
             self._spare_launch,
@@ -300,6 +305,7 @@ class NodeAgent:
             reaps = isinstance(self._launcher, Launcher)
             if reaps:
                 loop.add_signal_handler(signal.SIGCHLD, self._launcher.reap_strays)
+            self._open_rank_clients()
             self._start_warm_start()
             self._start_all(generation=0, header="launch")
             self._warm.fill()
@@ -313,6 +319,8 @@ class NodeAgent:
                         group.create_task(self._launcher.watch(), name="agent-runtime"),
                     ]
                     tasks.append(group.create_task(self.detectors.run(), name="agent-detectors"))
+                    if self.rank_clients is not None:
+                        tasks.append(group.create_task(self.rank_clients.serve(), name="agent-rank-clients"))
                     for task in tasks:
                         if task.get_name() != "agent-runtime":  # the process launcher has nothing to watch
                             task.add_done_callback(self._machinery_ended)
@@ -548,6 +556,7 @@ class NodeAgent:
                 "RECOVERD_GENERATION": str(slot.generation),
                 "RECOVERD_RESTART_COUNT": str(slot.restart_count),
                 "RECOVERD_PROGRESS_SOCKET": address_for(spec.uid, s.node) if s.hang_detection else "",
+                rankwire.ADDRESS_ENV: self.rank_clients.address if self.rank_clients is not None else "",
                 # Where the client's faulthandler writes its stacks for the agent (beside the logs).
                 **({"RECOVERD_STACK_DIR": os.path.join(s.log_dir, "stacks")} if s.log_dir else {}),
                 "TORCHELASTIC_RESTART_COUNT": str(slot.restart_count),
@@ -651,6 +660,38 @@ class NodeAgent:
             log.warning("rank %d (pid %d) failed: %s", slot.rank, proc.pid, info.describe(), extra={"rank": slot.rank})
             self._exits.exited(slot, info)
         self.outbox.mark_dirty()
+
+    def _open_rank_clients(self) -> None:
+        """Serve the ranks' recovery clients (docs/adr/0036). A name still held (a predecessor of
+        this agent that has not died yet) leaves this agent answering as one without clients."""
+        spec = self.membership.spec
+        assert spec is not None
+        clients = RankClients(
+            rankwire.address_for(spec.uid, self.settings.node),
+            slots=lambda: self.slots,
+            wake=self._wake.set,
+            note=lambda reason, message: self.note(reason, message),
+        )
+        try:
+            clients.open()
+        except OSError as err:
+            self.note("rank_clients_unavailable", f"the ranks' protocol socket {clients.address}: {err}")
+            return
+        self.rank_clients = clients
+
+    def _declare(self) -> None:
+        """Keep the node record's declaration in step with the ranks that joined: rewritten only
+        when it changes (once per node as its ranks join, not once per rank in the usual case)."""
+        if self._launcher is None:
+            return
+        offered = self._offered_strategies()
+        if self.rank_clients is not None:
+            strategies, answers = self.rank_clients.declaration(offered)
+        else:
+            strategies, answers = declaration(offered, {}, self.slots.keys())
+        if (strategies, answers) != (self.membership.strategies, self.membership.answers_for_ranks):
+            self.membership.strategies, self.membership.answers_for_ranks = strategies, answers
+            self.membership.is_record_stale = True
 
     def _rank_table_record(self) -> pb.NodeRanks:
         record = self.table.to_pb(self._warm.pids if self._warm is not None else ())
@@ -761,6 +802,7 @@ class NodeAgent:
         if isinstance(recovery, pb.Recovery) and (recovery.epoch <= 0 or not recovery.uuid):
             recovery = None  # parses, but no recovery the coordinator wrote (e.g. `{}`): it rebuilds it
         command = found if isinstance(found, pb.Command) and self._is_current(found, recovery) else None
+        self._declare()
         if command is not None and (command.epoch, command.seq) > self._last_applied:
             await self._execute(command)
         elif self.membership.is_record_stale:
@@ -1028,29 +1070,45 @@ class NodeAgent:
         # Keyed by the recovery's uuid too: a rebuilt recovery record may repeat an epoch.
         answer = (recovery.epoch, recovery.uuid, recovery.phase)
         phase = pb.Phase.Name(recovery.phase).removeprefix("PHASE_")
+        speaks = self.membership.answers_for_ranks
         if (
             self.participant not in recovery.participants
-            or not participants.agent_reports(phase, declared=bool(self.membership.strategies))
+            or not participants.agent_reports(
+                phase, declared=bool(self.membership.strategies), answers_for_ranks=speaks, strategy=recovery.strategy
+            )
             or answer in self._answered
         ):
             return  # nothing to say, or the coordinator answers for this node (its record, its ack)
+        faulty = sorted({f.rank for f in recovery.faults})
         report = pb.Report(
             participant=self.participant,
             epoch=recovery.epoch,
             uuid=recovery.uuid,
             reported_at=ts_from_s(time.time()),
-            fault_ranks=sorted({f.rank for f in recovery.faults}),
+            fault_ranks=faulty,
         )
         if recovery.phase == pb.PHASE_STOPPING:
             # The faulty ranks of this node must be down before we say "stopped" (a hung one may not be).
-            local_faulty = [self.slots[f.rank] for f in recovery.faults if f.rank in self.slots]
+            local_faulty = [self.slots[r] for r in faulty if r in self.slots]
             await self._stop_ranks(local_faulty)
             report.kind = pb.REPORT_STOP_COMPLETE
         elif recovery.phase == pb.PHASE_GLOBAL_FAULT:
             report.kind = pb.REPORT_STRATEGIES
-            report.strategies.extend(self._offered_strategies())
+            report.strategies.extend(self.membership.strategies or self._offered_strategies())
+        elif recovery.phase == pb.PHASE_RECOVERING:
+            report.kind = pb.REPORT_RECOVER_STATUS
+            report.strategy = recovery.strategy
         else:
             return
+        if speaks and self.rank_clients is not None and report.kind != pb.REPORT_STRATEGIES:
+            # One answer for every joined rank: written once they all answered (they wake us).
+            key = (recovery.epoch, recovery.uuid, phase)
+            ranks = self.rank_clients.answer(key, phase, recovery.strategy, recovery.uuid, faulty)
+            if ranks is None:
+                return
+            report.code, report.message = ranks
+        elif report.kind == pb.REPORT_RECOVER_STATUS:
+            return  # answered by its command's ack (participants.agent_reports)
         kind = report_kind_name(report.kind)
         await self._fenced_put(self.keys.report(run, self.participant, kind), encode(report))
         self._answered.add(answer)

@@ -59,6 +59,9 @@ class Membership:
         #: What this node's agent can carry out, declared in its node record (the agent sets it once
         #: its runtime exists): its answer to every GLOBAL_FAULT (participants.agent_reports).
         self.strategies: tuple[str, ...] = ()
+        #: This agent answers for its ranks' recovery clients (docs/adr/0036; ``strategies`` is
+        #: then what it and every joined rank can do).
+        self.answers_for_ranks = False
         self.spec: pb.JobSpec | None = None
         self.run: RunRef | None = None
         self.lease: LeaseKeeper | None = None
@@ -133,6 +136,7 @@ class Membership:
             registered_at=ts_from_s(time.time()),
             is_spare=self.is_spare,
             strategies=self.strategies,
+            answers_for_ranks=self.answers_for_ranks,
         )
 
     # ---------------------------------------------------------------- joining

@@ -71,9 +71,7 @@ def test_stopping_waits_only_for_the_node_holding_the_fault() -> None:
 
 def table(node: str, *rows: tuple[int, int, int]) -> pb.NodeRanks:
     """A node's rank table of (rank, state, generation) rows."""
-    return pb.NodeRanks(
-        node=node, ranks=[pb.RankStatus(rank=r, state=state, generation=gen) for r, state, gen in rows]
-    )
+    return pb.NodeRanks(node=node, ranks=[pb.RankStatus(rank=r, state=state, generation=gen) for r, state, gen in rows])
 
 
 def test_a_node_whose_fault_ranks_have_ended_is_answered_for_at_once() -> None:

@@ -204,7 +204,7 @@ class JobStatus(_message.Message):
     def __init__(self, uid: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class NodeRecord(_message.Message):
-    __slots__ = ("node", "node_rank", "host", "agent_pid", "ranks", "registered_at", "is_spare", "strategies")
+    __slots__ = ("node", "node_rank", "host", "agent_pid", "ranks", "registered_at", "is_spare", "strategies", "answers_for_ranks")
     NODE_FIELD_NUMBER: _ClassVar[int]
     NODE_RANK_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -213,6 +213,7 @@ class NodeRecord(_message.Message):
     REGISTERED_AT_FIELD_NUMBER: _ClassVar[int]
     IS_SPARE_FIELD_NUMBER: _ClassVar[int]
     STRATEGIES_FIELD_NUMBER: _ClassVar[int]
+    ANSWERS_FOR_RANKS_FIELD_NUMBER: _ClassVar[int]
     node: str
     node_rank: int
     host: str
@@ -221,7 +222,8 @@ class NodeRecord(_message.Message):
     registered_at: _timestamp_pb2.Timestamp
     is_spare: bool
     strategies: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node: _Optional[str] = ..., node_rank: _Optional[int] = ..., host: _Optional[str] = ..., agent_pid: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ..., registered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., is_spare: _Optional[bool] = ..., strategies: _Optional[_Iterable[str]] = ...) -> None: ...
+    answers_for_ranks: bool
+    def __init__(self, node: _Optional[str] = ..., node_rank: _Optional[int] = ..., host: _Optional[str] = ..., agent_pid: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ..., registered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., is_spare: _Optional[bool] = ..., strategies: _Optional[_Iterable[str]] = ..., answers_for_ranks: _Optional[bool] = ...) -> None: ...
 
 class RankStatus(_message.Message):
     __slots__ = ("rank", "local_rank", "pid", "state", "generation", "restart_count", "exit_code", "signal", "started_at", "node")

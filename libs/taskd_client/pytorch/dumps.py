@@ -11,6 +11,12 @@ every rank (``dump_exit``). A restarted rank loads its file of ``dump/latest`` (
 rank that has none (the one whose death caused the dump) gets the state from a peer, as a
 replacement does. The ranks of a data-parallel job hold the same state, one step apart at most;
 the trainer resumes at the lowest saved step.
+
+Through the node agents (docs/adr/0036) nothing goes through etcd: the agents relay the dump to
+every rank and collect the answers, and each rank that saved records its own latest dump of the run
+beside its file (:meth:`Dumps.save_local`, ``<dir>/latest-<run>-rank<RANK>``), which a restarted
+rank loads (:meth:`load_local`). A rank whose save failed keeps its earlier pointer, if any; the
+trainer's agreement (the lowest step among the ranks that loaded one) keeps the ranks consistent.
 """
 
 from __future__ import annotations
@@ -39,10 +45,11 @@ def _saved_key(dump_id: str, rank: int) -> str:
 class Dumps:
     """One rank's side of a dump (``rank``: its global rank) and the controller's (request, wait)."""
 
-    def __init__(self, store: EtcdStore, directory: str | os.PathLike[str] | None, rank: int) -> None:
+    def __init__(self, store: EtcdStore, directory: str | os.PathLike[str] | None, rank: int, run: str = "") -> None:
         self.store = store
         self.directory = Path(directory) if directory is not None else None
         self.rank = rank
+        self.run = run
         #: A request older than this process is not ours (its controller died before clearing it).
         self._handled = self._request()
 
@@ -60,8 +67,7 @@ class Dumps:
         dump_id = self._request()
         return dump_id if dump_id and dump_id != self._handled else None
 
-    def save(self, dump_id: str, step: int, state: dict[str, Any]) -> Path:
-        """Write this rank's state for dump ``dump_id`` and mark it saved. Raises OSError."""
+    def _write(self, dump_id: str, step: int, state: dict[str, Any]) -> Path:
         if self.directory is None:
             raise OSError("no dump directory (RecoveryProtocol(dump_dir=...))")
         path = self._file(dump_id, self.rank)
@@ -70,8 +76,37 @@ class Dumps:
         torch.save({"step": step, "state": state}, tmp)
         os.replace(tmp, path)
         self._handled = dump_id
+        return path
+
+    def save(self, dump_id: str, step: int, state: dict[str, Any]) -> Path:
+        """Write this rank's state for dump ``dump_id`` and mark it saved. Raises OSError."""
+        path = self._write(dump_id, step, state)
         self.store.set(_saved_key(dump_id, self.rank), str(step))
         return path
+
+    def _pointer(self) -> Path:
+        assert self.directory is not None
+        return self.directory / f"latest-{self.run}-rank{self.rank}"
+
+    def save_local(self, dump_id: str, step: int, state: dict[str, Any]) -> Path:
+        """Write this rank's state for dump ``dump_id`` and make it the one this rank loads after a
+        restart of this run (no etcd write: the agents collect the answers). Raises OSError."""
+        path = self._write(dump_id, step, state)
+        pointer = self._pointer()
+        tmp = pointer.with_suffix(".tmp")
+        tmp.write_text(dump_id)
+        os.replace(tmp, pointer)
+        return path
+
+    def load_local(self) -> tuple[int, dict[str, Any]] | None:
+        """(step, state) of this rank's latest dump of this run (:meth:`save_local`); None if none."""
+        if self.directory is None or not self._pointer().exists():
+            return None
+        path = self._file(self._pointer().read_text().strip(), self.rank)
+        if not path.exists():
+            return None
+        saved = torch.load(path, weights_only=False)
+        return int(saved["step"]), saved["state"]
 
     def load(self) -> tuple[int, dict[str, Any]] | None:
         """(step, state) of this rank's file of the latest completed dump; None if there is none."""

@@ -17,6 +17,13 @@ One rank (``controller_rank``, 0 by default) runs the job's recovery client (:mo
 offers ``offer`` and relays decisions to the others through the rendezvous store. This is the job's
 one client: the agents stop answering for the job while it is registered (docs/client.md).
 
+With ``via_agent=True`` there is no such client: every rank joins through its node's agent
+(:mod:`taskd_client.agentlink`, docs/adr/0036), which answers for all of its ranks with one report
+per phase. Every rank acknowledges a stop at once (the group stops it), and on ``dump`` every rank
+saves its own file and answers its agent itself; restarted, every rank loads its own
+(``load_state=protocol.load_dump``). ``elastic-training`` is not carried out this way yet: the
+agents do not offer it, so recoverd does not choose it for such a job.
+
 The trainer calls three hooks: :meth:`attach` when it is built, ``group.seat`` (:meth:`_seat`) each
 time its group tries a generation, and :meth:`before_step` before each step.
 """
@@ -25,12 +32,16 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from recoverd.codes import Code
 from recoverd.keys import Keyspace, RunRef
+from recoverd.rankwire import Signal
+from taskd_client.agentlink import AgentLink, Reply
 from taskd_client.pytorch.dumps import Dumps
 from taskd_client.pytorch.membership import Membership
 from taskd_client.pytorch.relay import Relay
@@ -62,7 +73,8 @@ class _WorldTag:
 
 class RecoveryProtocol:
     """See the module docstring. ``dump_dir``: where a dump writes (a directory each rank can write;
-    ``None``: a dump fails, and recoverd falls back to ``exit``)."""
+    ``None``: a dump fails, and recoverd falls back to ``exit``). ``via_agent``: every rank joins
+    through its node agent instead of one relay client on ``controller_rank``."""
 
     def __init__(
         self,
@@ -73,7 +85,14 @@ class RecoveryProtocol:
         controller_rank: int = 0,
         confirm_timeout_s: float = 60.0,
         on_event: Callable[[str], None] | None = None,
+        via_agent: bool = False,
     ) -> None:
+        self.via_agent = via_agent
+        self.link: AgentLink | None = None
+        #: A dump the agent asked for and this rank has not saved yet: (dump id, its reply).
+        self._agent_dump: tuple[str, Reply] | None = None
+        #: The dumps this rank saved (a signal repeated after an agent restart is answered at once).
+        self._saved_dumps: set[str] = set()
         self.offer = tuple(offer)
         self.dump_dir = dump_dir
         self.on_world_change = on_world_change or (lambda old, new: None)
@@ -97,10 +116,15 @@ class RecoveryProtocol:
         self._trainer = trainer
         key = Keyspace(env.prefix).recovery(RunRef(env.job, env.run))
         self._membership = Membership(trainer.store, key, env.rank, env.world_size)
-        self._dumps = Dumps(trainer.store, self.dump_dir, env.rank)
+        self._dumps = Dumps(trainer.store, self.dump_dir, env.rank, run=env.run)
         trainer.group.seat = self._seat
         trainer.extra[WORLD_TAG] = self._tag
-        if env.rank == self.controller_rank:
+        if self.via_agent:
+            self.link = AgentLink(env.rank, self.offer, self._on_agent_signal)
+            if not self.link.enabled:
+                self._emit(f"rank {env.rank}: no agent socket (RECOVERD_RANKS_SOCKET): not in recoverd's protocol")
+            self.link.start()
+        elif env.rank == self.controller_rank:
             self.relay = Relay(
                 job=env.job,
                 etcd=env.etcd,
@@ -119,7 +143,7 @@ class RecoveryProtocol:
         """``load_state`` for the trainer: this rank's state of the latest completed dump."""
         if self._dumps is None:
             raise RuntimeError("pass the protocol to ResilientTrainer(protocol=...) first")
-        return self._dumps.load()
+        return self._dumps.load_local() if self.via_agent else self._dumps.load()
 
     def before_step(self, trainer: ResilientTrainer) -> bool:
         """Before each step: leave a generation the relay aborted (True: the group was re-formed,
@@ -144,6 +168,8 @@ class RecoveryProtocol:
     def close(self) -> None:
         if self.relay is not None:
             self.relay.close()
+        if self.link is not None:
+            self.link.close()
 
     # ------------------------------------------------------------------ internals
     def _changed(self, trainer: ResilientTrainer, old: int, new: int) -> None:
@@ -160,6 +186,10 @@ class RecoveryProtocol:
         """The group's hook for each generation it tries: save a requested dump first (then wait to
         be restarted), else this rank's seat in the generation's world."""
         assert self._membership is not None and self._dumps is not None
+        with self._cond:
+            asked, self._agent_dump = self._agent_dump, None
+        if asked is not None:
+            self._save_dump(asked[0], reply=asked[1])
         dump_id = self._dumps.pending()
         if dump_id is not None:
             self._save_dump(dump_id)
@@ -168,14 +198,24 @@ class RecoveryProtocol:
             self._seated = self._membership.seated_world
         return seat
 
-    def _save_dump(self, dump_id: str) -> None:
+    def _save_dump(self, dump_id: str, reply: Reply | None = None) -> None:
+        """Save this rank's state for ``dump_id`` (through the store for the relay, or answering the
+        agent with ``reply``), then wait to be restarted."""
         assert self._dumps is not None and self._trainer is not None
         trainer = self._trainer
         try:
-            path = self._dumps.save(dump_id, trainer.step, trainer.state())
+            if reply is not None:
+                path = self._dumps.save_local(dump_id, trainer.step, trainer.state())
+            else:
+                path = self._dumps.save(dump_id, trainer.step, trainer.state())
         except OSError as err:
             self._emit(f"rank {trainer.env.rank}: dump {dump_id} not saved: {err}")
+            if reply is not None:
+                reply(Code.DUMP_ERROR, f"dump {dump_id} not saved: {err}")
             raise RuntimeError(f"dump {dump_id} not saved: {err}") from err
+        if reply is not None:
+            self._saved_dumps.add(dump_id)
+            reply(0, "")
         self._emit(f"rank {trainer.env.rank}: dump {dump_id}: step {trainer.step} saved to {path}; waiting for restart")
         # recoverd now restarts every rank (dump_exit). Training must not go on meanwhile.
         time.sleep(RESTART_WAIT_S)
@@ -183,6 +223,27 @@ class RecoveryProtocol:
 
     def _interrupt(self, why: str) -> None:
         self._interrupted.set()
+
+    def _on_agent_signal(self, signal: Signal, reply: Reply) -> None:
+        """A signal from this rank's agent (on the link's thread). A stop is acknowledged at once:
+        the trainer's own group stops the rank (a dead peer's collective fails). A dump is saved
+        where the rank next forms a generation: the current one is aborted so that every rank
+        leaves its step, or the formation that waits for the dead peer."""
+        if signal.kind == "stop":
+            reply(0, "")
+            return
+        if signal.strategy != "dump":
+            reply(Code.CLIENT_ERROR, f"strategy {signal.strategy!r} is not carried out through the agent")
+            return
+        dump_id = re.sub(r"[^A-Za-z0-9_.-]", "_", signal.uuid or signal.signal_id)
+        if dump_id in self._saved_dumps:
+            reply(0, "")  # saved already: the signal came again (the agent restarted)
+            return
+        assert self._membership is not None
+        with self._cond:
+            self._agent_dump = (dump_id, reply)
+        self._membership.abort_current(f"dump {dump_id}")
+        self._interrupt(f"dump {dump_id}")
 
     def _wait_world(self, live: list[int], timeout_s: float) -> bool:
         with self._cond:

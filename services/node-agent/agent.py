@@ -512,6 +512,23 @@ class NodeAgent:
             return
         self._supersede(f"node {self.settings.node} is registered by {holder}")
 
+    async def _still_holds_node(self) -> bool:
+        """Whether this agent still holds its node's registration, read from etcd before it carries
+        out a command: an agent that was frozen or cut off while a successor took the node over
+        may see the successor's command before it sees the node key change, and must not start a
+        second process for a rank (one etcd read per command)."""
+        lease = self.membership.lease
+        if lease is None or lease.lost.is_set() or self.membership.rejoining:
+            return False  # keep_registered registers again first; the command waits for that
+        holder = await self.membership.holder()
+        if holder == "me":
+            return True
+        if holder == "nobody":
+            await self._keep_registration()
+        else:
+            self._supersede(f"node {self.settings.node} is registered by {holder}")
+        return False
+
     def _supersede(self, why: str) -> None:
         log.error("agent %s: superseded (%s); ending without touching its ranks", self.settings.node, why)
         self._leaves_ranks = True
@@ -804,7 +821,8 @@ class NodeAgent:
         command = found if isinstance(found, pb.Command) and self._is_current(found, recovery) else None
         self._declare()
         if command is not None and (command.epoch, command.seq) > self._last_applied:
-            await self._execute(command)
+            if await self._still_holds_node():
+                await self._execute(command)
         elif self.membership.is_record_stale:
             await self.membership.register_again()
         if self.settings.reset_json_mirror:

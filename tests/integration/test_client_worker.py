@@ -120,9 +120,10 @@ def test_a_killed_controller_is_recovered_through_the_agents(
         for r in cluster.view(job).reports.values()
         if r.kind in (pb.REPORT_STOP_COMPLETE, pb.REPORT_STRATEGIES)
     }
-    # The agent wrote its stop-complete; its strategies are declared in its node record, and the
-    # coordinator answered GLOBAL_FAULT from there (docs/adr/0029).
-    assert answered == {("agent.node0", "REPORT_STOP_COMPLETE")}
+    # The agent's stop needed no report (rank 0 had exited: the coordinator answered it from the
+    # rank table, ADR 0037; the agent may still have written one, a duplicate); its strategies are
+    # declared in its node record, and the coordinator answered GLOBAL_FAULT from there (ADR 0029).
+    assert answered <= {("agent.node0", "REPORT_STOP_COMPLETE")}
     assert "escalated" not in [e.reason for e in cluster.events(job)]  # no deadline passed
     after = cluster.ranks(job)
     assert after[0].pid != before[0].pid and after[0].restart_count == 1

@@ -54,10 +54,11 @@ def test_a_64_node_job_recovers_ten_faults_in_a_row(cluster: Cluster, sim64: Sim
         view = cluster.view("job-64")
         assert view.recovery is not None and view.recovery.strategy == "recover-in-place"
         assert [f.rank for f in view.recovery.faults] == [rank]
-        # The cost follows the node involved, not the 64 (docs/adr/0029): only the faulty node's
-        # agent wrote a report (its stop-complete), only it acked, and the record names it alone.
+        # The cost follows the node involved, not the 64 (docs/adr/0029): no other agent wrote a
+        # report (the faulty node's stop-complete is implied by its table, the rank having exited,
+        # ADR 0037; it may still have written one), only it acked, and the record names it alone.
         faulty = f"agent.{sim64.node_name(rank // 8)}"
-        assert {(r.participant, r.kind) for r in view.reports.values()} == {(faulty, pb.REPORT_STOP_COMPLETE)}
+        assert {(r.participant, r.kind) for r in view.reports.values()} <= {(faulty, pb.REPORT_STOP_COMPLETE)}
         assert sorted(view.recovery.participants) == [faulty, "agents"]
         assert [n for n, a in view.acks.items() if a.epoch == view.recovery.epoch] == [faulty.removeprefix("agent.")]
         done = [e for e in view.recovery.phase_log if e.phase == pb.PHASE_DONE][-1]

@@ -515,7 +515,7 @@ def plot(p3: dict[str, Any], path: Path) -> None:
 
 
 def write_results(results: dict[str, Any]) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)  # RESULTS: --results-dir
     (RESULTS / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     header = [f"# recoverd bench ({results['when']}, {results['machine']})", "", f"Command: `{results['command']}`", ""]
     (RESULTS / "results.md").write_text("\n".join([*header, *table(results)]) + "\n")
@@ -523,6 +523,7 @@ def write_results(results: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global RESULTS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=10, help="P3 trials per system (alternated)")
     parser.add_argument("--detection-trials", type=int, default=30)
@@ -535,7 +536,11 @@ def main(argv: list[str] | None = None) -> int:
         help=f"P3's systems, comma-separated (default: all: {','.join(SYSTEMS)}; torchrun is the ratios' base)",
     )
     parser.add_argument("--skip-p1-p2", action="store_true", help="P3 (and goodput) only")
+    parser.add_argument(
+        "--results-dir", type=Path, default=RESULTS, help="where results.{json,md,png} go (default: %(default)s)"
+    )
     args = parser.parse_args(argv)
+    RESULTS = args.results_dir
     workdir = Path(tempfile.mkdtemp(prefix="recoverd-bench-"))
     print(f"bench: work in {workdir}", flush=True)
     results: dict[str, Any] = {

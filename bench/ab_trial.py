@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(sys.argv[1]).resolve() / "bench"))
-import bench  # noqa: E402  (the checkout's own bench module and code)
+import bench  # the checkout's own bench module and code
 
 work = Path(tempfile.mkdtemp(prefix="ab-"))
 try:

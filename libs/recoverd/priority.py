@@ -2,11 +2,11 @@
 
 A recovery is a chain of small steps in recoverd's processes (the agent sees an exit, writes the
 fault, the coordinator and the strategy service decide, the agent starts the replacement) while the
-ranks that survive keep every core busy. At the same priority each step waits its turn behind them:
-measured on 2 cores with 4 training ranks, SIGKILL -> the next completed step took 0.48 s, of which
-about 100 ms were the control plane queued behind the ranks; with recoverd ``--cpu-boost 10`` ahead
-of them it took 0.38 s (docs/adr/0037). The control plane is idle between recoveries, so running it
-ahead costs the ranks nothing then.
+ranks that survive keep every core busy. At the same priority each step waits its turn behind them
+(traced on 2 cores with 4 training ranks: about 100 ms of a 0.48 s recovery). With this and the
+other changes of docs/adr/0037, SIGKILL -> the next completed step went from 695 to 387 ms (median,
+alternated, bench/results/issue15-p3/ab_in_place.md). The control plane is idle between
+recoveries, so running it ahead costs the ranks nothing then.
 
 * :func:`boost` lowers this process's nice value by ``--cpu-boost`` (default 10) at start, before
   it starts any thread or process: threads created later inherit it (Linux keeps nice per thread),

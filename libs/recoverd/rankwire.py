@@ -40,6 +40,7 @@ __all__ = [
     "encode_answer",
     "encode_join",
     "encode_signal",
+    "node_socket_address",
     "parse_from_agent",
     "parse_from_rank",
     "sockaddr",
@@ -54,11 +55,17 @@ _MAX_TEXT = 1000
 _KINDS = ("stop", "change")
 
 
-def address_for(run_uid: str, node: str) -> str:
-    """The socket's printable address (``@`` = Linux's abstract namespace), stable per (run, node)
-    so that an agent restarted in place binds the same name and its ranks find it again."""
+def node_socket_address(purpose: str, run_uid: str, node: str) -> str:
+    """A node agent's socket's printable address (``@`` = Linux's abstract namespace), stable per
+    (run, node) so that an agent restarted in place binds the same name and its ranks find it
+    again; ``purpose`` keeps the agent's sockets apart (``ranks``, ``progress``)."""
     digest = hashlib.sha256(f"{run_uid}\0{node}".encode()).hexdigest()[:24]
-    return f"@recoverd-ranks-{digest}"
+    return f"@recoverd-{purpose}-{digest}"
+
+
+def address_for(run_uid: str, node: str) -> str:
+    """The rank-client socket's address (:func:`node_socket_address`)."""
+    return node_socket_address("ranks", run_uid, node)
 
 
 def sockaddr(address: str) -> str:

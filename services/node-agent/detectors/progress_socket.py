@@ -19,7 +19,6 @@ etcd must see only what changes (a hang, a straggler), not every step of every r
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import socket
@@ -28,6 +27,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from recoverd.errors import BadRecord
+from recoverd.rankwire import node_socket_address, sockaddr
 
 __all__ = ["MAX_REPORT", "ProgressReport", "ProgressSocket", "address_for", "parse_report", "sender_belongs"]
 
@@ -39,13 +39,8 @@ _BATCH = 64
 
 
 def address_for(run_uid: str, node: str) -> str:
-    """The socket's printable address (``@`` = Linux's abstract namespace)."""
-    digest = hashlib.sha256(f"{run_uid}\0{node}".encode()).hexdigest()[:24]
-    return f"@recoverd-progress-{digest}"
-
-
-def _sockaddr(address: str) -> str:
-    return "\0" + address[1:] if address.startswith("@") else address
+    """The progress socket's address (``rankwire.node_socket_address``)."""
+    return node_socket_address("progress", run_uid, node)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +117,7 @@ class ProgressSocket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-            sock.bind(_sockaddr(self.address))
+            sock.bind(sockaddr(self.address))
         except OSError:
             sock.close()
             raise

@@ -125,17 +125,19 @@ def test_a_restarted_rank_is_forked_from_the_warm_start_server(cluster: Cluster)
     assert (shown["RANK"], shown["RECOVERD_RESTART_COUNT"], shown["RECOVERD_JOB"]) == ("1", "2", JOB)
     assert "RECOVERD_WARM_START_ROOM" not in shown
     assert _server(agent.pid) is not None and _server(agent.pid).pid == server.pid  # the server lives on
+    # The forked rank's exit 3 is a second recovery, or a second round of the first one when it came
+    # before that recovery was DONE (the standby starts it within ~0.1 s): either way its fault
+    # carries the forked rank's real exit status, read through the re-parenting.
     view = cluster.wait_for(
-        "the second recovery",
+        "the recovery of the exit 3",
         lambda: (
             (v := cluster.view(JOB)).recovery
-            and v.recovery.recovery_id == 2
             and v.recovery.phase == pb.PHASE_DONE
+            and any(f.exit_code == 3 for f in v.recovery.faults)
             and v
         ),
     )
     assert view.recovery is not None
-    assert view.recovery.faults[0].exit_code == 3, view.recovery  # the forked rank's real exit status
     assert after[0].pid == before[0].pid  # rank 0 untouched
 
 
@@ -240,7 +242,9 @@ def test_the_control_plane_runs_ahead_of_the_ranks_which_keep_the_jobs_priority(
     assert server is not None
     standby = cluster.wait_for("a standby", lambda: _warm_processes(agent.pid, standby=True))[0]
     assert _nice_of_threads(agent.pid) == {boosted}, "every thread of the agent, its event loop's and gRPC's"
-    assert _nice_of_threads(server.pid) == _nice_of_threads(standby.pid) == {boosted}
+    assert _nice_of_threads(server.pid) == {boosted}  # raised once ready, before it says so
+    # (The first standby may be forked before that: it runs at either; it waits, and as a rank it
+    # puts itself at the job's priority.)
     for status in before.values():
         assert _nice_of_threads(status.pid) == {job_nice}, "a rank started plainly"
 

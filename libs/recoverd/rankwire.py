@@ -44,6 +44,7 @@ __all__ = [
     "parse_from_agent",
     "parse_from_rank",
     "sockaddr",
+    "versioned_object",
 ]
 
 #: The environment variable that gives a rank its agent's address.
@@ -123,16 +124,22 @@ def encode_signal(signal: Signal) -> bytes:
     )
 
 
-def _object(data: bytes, who: str) -> dict[str, Any]:
-    if len(data) >= MAX_MESSAGE:
-        raise BadRecord(f"{who} message of {len(data)} bytes is too long")
+def versioned_object(data: bytes, limit: int, what: str) -> dict[str, Any]:
+    """``data`` as a version-1 JSON object of fewer than ``limit`` bytes, else BadRecord naming
+    ``what`` (the agent's local sockets take untrusted bytes: the rank socket, the progress socket)."""
+    if len(data) >= limit:
+        raise BadRecord(f"{what} of {len(data)} bytes is too long")
     try:
         fields = json.loads(data)
     except Exception as err:  # any bytes at all: ValueError, and RecursionError for "[[[[..."
-        raise BadRecord(f"{who} message is not JSON: {type(err).__name__}") from None
+        raise BadRecord(f"{what} is not JSON: {type(err).__name__}") from None
     if not isinstance(fields, dict) or fields.get("v") != 1:
-        raise BadRecord(f"{who} message is not a version-1 object")
+        raise BadRecord(f"{what} is not a version-1 object")
     return fields
+
+
+def _object(data: bytes, who: str) -> dict[str, Any]:
+    return versioned_object(data, MAX_MESSAGE, f"{who} message")
 
 
 def _integer(fields: dict[str, Any], name: str, low: int, high: int) -> int:

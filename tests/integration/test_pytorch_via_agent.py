@@ -20,28 +20,19 @@ from recoverd.keys import RunRef
 from recoverd.records import pb
 from recoverd.store import Store, WatchEvent
 
-from . import cluster as harness
-from .cluster import ROOT, Cluster
+from .cluster import Cluster
+from .test_pytorch_elastic import _elastic_worker, _log  # noqa: F401  (_elastic_worker: an autouse fixture)
 
 pytest.importorskip("torch", reason="PyTorch is not installed (pip install -r requirements-torch.txt)")
 
 pytestmark = pytest.mark.etcd
 
-ELASTIC = str(ROOT / "examples" / "elastic_train.py")
 SLOW_RECOVER = ("--recover-timeout", "40")
 DONE = re.compile(r"^rank (\d+) step (\d+) done", re.M)
 #: A history replay that has delivered nothing for this long has delivered everything.
 IDLE_S = 2.0
 
 
-@pytest.fixture(autouse=True)
-def _elastic_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(harness, "WORKER", ELASTIC)
-
-
-def _log(cluster: Cluster, job: str, node: str, rank: int) -> str:
-    path = Path(cluster.workdir) / f"logs-{job}-{node}" / f"rank{rank}.log"
-    return path.read_text(errors="replace") if path.exists() else ""
 
 
 def _steps(text: str) -> list[int]:

@@ -19,7 +19,6 @@ etcd must see only what changes (a hang, a straggler), not every step of every r
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import socket
 import struct
@@ -27,7 +26,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from recoverd.errors import BadRecord
-from recoverd.rankwire import node_socket_address, sockaddr
+from recoverd.rankwire import node_socket_address, sockaddr, versioned_object
 
 __all__ = ["MAX_REPORT", "ProgressReport", "ProgressSocket", "address_for", "parse_report", "sender_belongs"]
 
@@ -63,14 +62,7 @@ class ProgressReport:
 
 def parse_report(data: bytes, sender_pid: int) -> ProgressReport:
     """Decode one datagram; raise BadRecord with the reason for anything else."""
-    if len(data) >= MAX_REPORT:
-        raise BadRecord(f"progress report of {len(data)} bytes is too long")
-    try:
-        fields = json.loads(data)
-    except Exception as err:  # any bytes at all: ValueError, and RecursionError for "[[[[..."
-        raise BadRecord(f"progress report is not JSON: {type(err).__name__}") from None
-    if not isinstance(fields, dict) or fields.get("v") != 1:
-        raise BadRecord("progress report is not a version-1 object")
+    fields = versioned_object(data, MAX_REPORT, "progress report")
 
     def integer(name: str, low: int = 0, high: int = 2**62) -> int | None:
         value = fields.get(name)

@@ -56,6 +56,12 @@ def _final(text: str, rank: int) -> str | None:
     return found.group(1) if found else None
 
 
+def _warm_server_ready(cluster: Cluster) -> bool:
+    """Whether the agent's warm-start server has said it is ready (the agent logs it once)."""
+    logs = cluster.logs()
+    return "warm-start server pid" in logs and " ready in " in logs
+
+
 def _run(cluster: Cluster, job: str, extra: tuple[str, ...] = ()) -> None:
     cluster.agent(job, nproc=WORLD, strategies="recover-in-place,exit", worker=(*ARGS, *extra))
 
@@ -107,8 +113,14 @@ def test_a_killed_rank_is_replaced_and_the_survivors_carry_on(
     cluster.strategy()
     _run(cluster, job, ("--ddp",) if ddp else ())
     before = cluster.wait_running(job, WORLD, timeout=60)
-    # Somewhere in the first half of training, at a random moment within a step.
-    target = random.randrange(5, STEPS // 2)
+    # The replacement must be forked from the warm-start server, so the kill waits for it: the
+    # server imports torch beside four ranks that do the same, and under load it can be ready
+    # only after training has begun (make test in CI killed rank 1 before it was).
+    cluster.wait_for("the warm-start server", lambda: _warm_server_ready(cluster), timeout=120)
+    # Then somewhere in the first half of what is left, at a random moment within a step.
+    now = max(_done_steps(_log(cluster, job, victim), victim), default=-1)
+    target = random.randrange(max(5, now + 2), max(STEPS // 2, now + 3))
+    assert target < STEPS - 5, f"training ran to step {now} before the warm-start server was ready"
     cluster.wait_for(f"step {target}", lambda: target in _done_steps(_log(cluster, job, victim), victim), timeout=60)
     time.sleep(random.uniform(0.0, 0.02))
     os.kill(before[victim].pid, signal.SIGKILL)

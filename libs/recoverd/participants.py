@@ -26,16 +26,16 @@ The coordinator answers for all the others at once, as the pseudo participant :d
 
 from __future__ import annotations
 
-from recoverd.strategies import RELAYED_TO_RANKS
+from recoverd.strategies import CARRIED_OUT_BY_RANKS
 
 __all__ = ["AGENTS", "JOB_STRATEGIES", "agent_reports", "is_agent", "node_of", "of_client", "of_node"]
 
 #: The node agents that have nothing to do in the current phase, answered for by the coordinator.
 AGENTS = "agents"
 
-#: The strategies an agent that answers for its ranks carries out through them
-#: (``strategies.RELAYED_TO_RANKS``).
-JOB_STRATEGIES = RELAYED_TO_RANKS
+#: The recovery rounds an agent that answers for its ranks carries out through them
+#: (``strategies.CARRIED_OUT_BY_RANKS``: what it relays, and the upgrade after a downgrade).
+JOB_STRATEGIES = CARRIED_OUT_BY_RANKS
 
 
 def of_node(node: str) -> str:

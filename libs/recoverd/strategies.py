@@ -15,12 +15,14 @@ from recoverd.errors import ConfigError
 __all__ = [
     "AGENT_STRATEGIES",
     "ALL_STRATEGIES",
+    "CARRIED_OUT_BY_RANKS",
     "CHEAPER_THAN_EXIT",
     "DRAIN_KIND",
     "NODE_WIDE",
     "RELAYED_TO_RANKS",
     "RESTARTS_FAULTY_RANKS",
     "TRAITS",
+    "UPGRADE",
     "Traits",
     "parse_strategies",
 ]
@@ -63,9 +65,15 @@ NODE_WIDE = frozenset(s for s, t in TRAITS.items() if t.node_wide)
 #: any rank: not under msrun or for adopted processes).
 AGENT_STRATEGIES: tuple[str, ...] = tuple(s for s, t in TRAITS.items() if t.agent_can_do)
 #: What an agent that answers for its ranks' clients (docs/adr/0036) carries out through them: it
-#: relays the signal to every joined rank and reports once they all answered. `elastic-training`
-#: is not among them yet (it still needs the rank-0 relay, docs/adr/0032); nor is `retry`.
-RELAYED_TO_RANKS: frozenset[str] = frozenset({"dump"})
+#: relays the signal to every joined rank and reports once they all answered. `retry` is not among
+#: them yet (a rank's retryable fault is rolled back by the trainer itself, without recoverd).
+RELAYED_TO_RANKS: frozenset[str] = frozenset({"dump", "elastic-training"})
+#: The recovery round that brings back ranks a downgrade (`elastic-training`) isolated, once a
+#: spare has registered: not a strategy the selector chooses, but a round's strategy all the same.
+UPGRADE = "upgrade"
+#: The recovery rounds an agent that answers for its ranks carries out through them: what it
+#: relays, and the upgrade that follows a relayed downgrade.
+CARRIED_OUT_BY_RANKS: frozenset[str] = RELAYED_TO_RANKS | {UPGRADE}
 
 
 def parse_strategies(text: str, *, where: str = "strategies") -> tuple[str, ...]:

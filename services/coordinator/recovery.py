@@ -65,15 +65,13 @@ from recoverd.coordinator.model import WAITING_PHASES, FaultInfo, Layout, Phase,
 from recoverd.coordinator.placement import expand_to_nodes, plan_commands, plan_upgrade
 from recoverd.coordinator.wire import DUMP_EXIT, UPGRADE_EXTRA, fault_wire, wire_strategy
 from recoverd.errors import IllegalTransition, StaleEpoch
-from recoverd.strategies import CHEAPER_THAN_EXIT, NODE_WIDE
+from recoverd.strategies import CHEAPER_THAN_EXIT, NODE_WIDE, UPGRADE
 
 __all__ = ["TRANSITIONS", "UPGRADE", "step"]
 
-# CHEAPER_THAN_EXIT (ruled out together when a phase cannot complete) and NODE_WIDE come from
-# recoverd.strategies, the one module that names the strategies.
-
-#: The name an upgrade (isolated ranks brought back on a spare) is recorded under.
-UPGRADE = "upgrade"
+# CHEAPER_THAN_EXIT (ruled out together when a phase cannot complete), NODE_WIDE and UPGRADE (the
+# name an upgrade round is recorded under) come from recoverd.strategies, the one module that
+# names the strategies.
 
 #: Upstream's stop-complete code "processes not ready": job-level escalation.
 PROCESS_NOT_READY = 404

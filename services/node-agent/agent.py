@@ -1114,6 +1114,8 @@ class NodeAgent:
             report.kind = pb.REPORT_STRATEGIES
             report.strategies.extend(self.membership.strategies or self._offered_strategies())
         elif recovery.phase == pb.PHASE_RECOVERING:
+            if self.settings.node in recovery.command_nodes:
+                return  # its command's ack is this node's answer (a downgrade's RELEASE_RANKS)
             report.kind = pb.REPORT_RECOVER_STATUS
             report.strategy = recovery.strategy
         else:

@@ -11,8 +11,10 @@ follow the nodes, not the ranks. The rules:
   holds no rank does not rule out what only ranks carry out.
 * **A round** (:class:`Round`) is one phase's answer for the node. STOPPING: every joined rank that
   is not faulty acknowledged the stop (a rank that leaves meanwhile is stopped too). RECOVERING
-  with a relayed strategy: every joined rank that is not faulty carried it out; any failure, a rank
-  that leaves, a running rank that never joined, or the round's deadline fails it at once.
+  with a strategy carried out by the ranks (:data:`~recoverd.strategies.CARRIED_OUT_BY_RANKS`: a
+  dump, a downgrade, the upgrade after it): every joined rank that is not faulty carried it out;
+  any failure, a rank that leaves, a running rank that never joined, or the round's deadline fails
+  it at once.
 
 Time is an input (``now``, the agent's monotonic clock).
 """
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from recoverd.codes import Code
-from recoverd.strategies import ALL_STRATEGIES, RELAYED_TO_RANKS
+from recoverd.strategies import ALL_STRATEGIES, CARRIED_OUT_BY_RANKS, RELAYED_TO_RANKS
 
 __all__ = ["Outcome", "Round", "declaration", "open_round"]
 
@@ -123,7 +125,7 @@ def open_round(
     expected = frozenset(joined) - frozenset(faulty)
     rnd = Round(key, phase, strategy, expected, deadline)
     if phase == "RECOVERING":
-        if strategy not in RELAYED_TO_RANKS:
+        if strategy not in CARRIED_OUT_BY_RANKS:
             raise ValueError(f"strategy {strategy!r} is not carried out through the ranks")
         silent = sorted(set(running) - set(joined) - set(faulty))
         if silent:

@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from recoverd.strategies import ALL_STRATEGIES, TRAITS
+from recoverd.strategies import ALL_STRATEGIES, TRAITS, UPGRADE
 
 __all__ = ["ALL_STRATEGIES", "EXPECTED_COST_S", "Decision", "Outcome", "PolicyView", "Request", "choose"]
 
@@ -49,7 +49,7 @@ _AFTER_FAILED = {
     "recover-in-place": ("dump", "exit"),
     "recover": ("dump", "exit"),
     "elastic-training": ("dump", "exit"),
-    "upgrade": ("dump", "exit"),
+    UPGRADE: ("dump", "exit"),
 }
 
 #: Rough cost of each strategy in seconds, shown with decisions (measured figures come from bench/).

@@ -2,7 +2,8 @@
 
 Real etcd, the services as separate processes, real PyTorch ranks (gloo, CPU). Rank 0 registers as
 the job's recovery client and offers elastic-training / dump; the other ranks learn what recoverd
-decided through the rendezvous store.
+decided through the rendezvous store. The elastic test runs again with every rank answering through
+its node agent instead (``--via-agent``, docs/adr/0036).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from recoverd.records import pb
 
 from . import cluster as harness
 from .cluster import ROOT, Cluster
+from .history import report_writes, writes_between
 
 pytest.importorskip("torch", reason="PyTorch is not installed (pip install -r requirements-torch.txt)")
 
@@ -27,6 +30,7 @@ ELASTIC = str(ROOT / "examples" / "elastic_train.py")
 #: The recover deadline: an upgrade is confirmed once the spare's new ranks (a Python start and a
 #: torch import each, on a loaded 2-core machine) have trained a step with the survivors.
 SLOW_RECOVER = ("--recover-timeout", "40")
+ELASTIC_STEPS = 150
 DONE = re.compile(r"^rank (\d+) step (\d+) done ([\d.]+) pid (\d+) world (\d+) loss ([\d.]+)", re.M)
 
 
@@ -55,24 +59,46 @@ def _phase_done(cluster: Cluster, job: str, strategy: str) -> bool:
     return rec is not None and rec.strategy == strategy and rec.phase == pb.PHASE_DONE
 
 
-def test_the_world_shrinks_to_two_ranks_and_grows_back_to_four(cluster: Cluster) -> None:
-    job = "job-torch-elastic"
+def _agents_answer_for_their_ranks(cluster: Cluster, job: str, nodes: tuple[str, ...], offer: list[str]) -> bool:
+    """Every one of ``nodes`` declares ``offer`` and answers for its ranks (docs/adr/0036)."""
+    view = cluster.view(job)
+    return all(
+        n in view.nodes and view.nodes[n].answers_for_ranks and list(view.nodes[n].strategies) == offer for n in nodes
+    )
+
+
+# Through rank 0's relay client (docs/adr/0032), and through the node agents, every rank
+# answering its own (docs/adr/0036).
+@pytest.mark.parametrize("via_agent", [False, True], ids=["relay", "via-agent"])
+def test_the_world_shrinks_to_two_ranks_and_grows_back_to_four(cluster: Cluster, via_agent: bool) -> None:
+    job = f"job-torch-elastic{'-agent' if via_agent else ''}"
     strategies = "elastic-training,exit"
-    # Slow steps in the small world (0.25 s: ~55 s for its ~220 steps), so that the survivors are
-    # still training when the spare's ranks have started, however loaded the machine.
+    # Slow steps in the small world (0.25 s: ~30 s for its ~120 steps), so that the survivors are
+    # still training when the spare's ranks have started (9-10 s on a loaded 2-core machine).
     worker = (
-        "--steps", "250", "--step-sleep", "0.03", "--small-world-sleep", "0.25", "--offer", "elastic-training,exit"
+        "--steps", str(ELASTIC_STEPS), "--step-sleep", "0.03", "--small-world-sleep", "0.25",
+        "--offer", "elastic-training,exit",
+        *(("--via-agent",) if via_agent else ()),
     )  # fmt: skip
     cluster.coordinator(extra=SLOW_RECOVER)
     cluster.strategy()
     for node, node_rank in (("node-a", 0), ("node-b", 1)):
         cluster.agent(job, node, nproc=2, nnodes=2, node_rank=node_rank, strategies=strategies, worker=worker)
     before = cluster.wait_running(job, 4, timeout=40)
-    cluster.wait_for("rank 0 to register as the job's client", lambda: cluster.view(job).clients, timeout=40)
+    if via_agent:
+        cluster.wait_for(
+            "both agents to answer for their ranks",
+            lambda: _agents_answer_for_their_ranks(cluster, job, ("node-a", "node-b"), ["elastic-training", "exit"]),
+            timeout=40,
+        )
+        assert not cluster.view(job).clients  # no DLRecoverManager anywhere: the agents speak for the ranks
+    else:
+        cluster.wait_for("rank 0 to register as the job's client", lambda: cluster.view(job).clients, timeout=40)
     kill_at = 30  # the model has learnt something by then: a fresh one would show in the loss
     cluster.wait_for(
         f"step {kill_at}", lambda: any(s >= kill_at for s, _, _ in _steps(_log(cluster, job, "node-b", 3))), 40
     )
+    start = cluster.view(job).revision + 1
 
     os.kill(before[3].pid, signal.SIGKILL)
 
@@ -92,6 +118,16 @@ def test_the_world_shrinks_to_two_ranks_and_grows_back_to_four(cluster: Cluster)
     view = cluster.view(job)
     assert view.status is not None and view.status.state == pb.JOB_SUCCEEDED
     assert [(o.strategy, o.ok) for o in view.history.outcomes] == [("elastic-training", True), ("upgrade", True)]  # type: ignore[union-attr]
+    if via_agent:
+        # One report per node per phase it answers, whatever its ranks: the surviving node's stop
+        # and its two world changes, the dropped node's stop (its RELEASE_RANKS' ack answers the
+        # downgrade; the spare's START_RANKS' ack the upgrade).
+        assert view.run is not None
+        run = view.run
+        history = writes_between(cluster, cluster.keys.run_prefix(run), start, view.revision)
+        assert report_writes(history, cluster.keys.reports_prefix(run)) == Counter(
+            {"agent.node-a/stop_complete": 1, "agent.node-a/recover_status": 2, "agent.node-b/stop_complete": 1}
+        )
     after = cluster.ranks(job)
     assert all(after[r].pid == before[r].pid and after[r].restart_count == 0 for r in (0, 1)), "survivors kept"
     assert {after[r].node for r in (2, 3)} == {"spare-0"}
@@ -108,7 +144,7 @@ def test_the_world_shrinks_to_two_ranks_and_grows_back_to_four(cluster: Cluster)
         for i in range(1, len(steps)):
             assert steps[i][0] >= steps[i - 1][0], story  # never back by more than the interrupted step
             assert steps[i][0] <= steps[i - 1][0] + 1, story
-        assert {s for s, _, _ in steps} == set(range(250)), story
+        assert {s for s, _, _ in steps} == set(range(ELASTIC_STEPS)), story
         # The loss continues from where it was: the first loss in each new world is that of the
         # trained model, far below the fresh model's.
         fresh = sum(loss for _, _, loss in steps[:3]) / 3
@@ -123,7 +159,7 @@ def test_the_world_shrinks_to_two_ranks_and_grows_back_to_four(cluster: Cluster)
         back = _steps(_log(cluster, job, "spare-0", r))
         assert back and back[0][0] == upgrade_at and back[0][1] == 4, (r, back[:3], upgrade_at, story)
         assert back[0][2] < 0.6 * fresh, (r, back[:3], fresh)
-        assert [s for s, _, _ in back] == list(range(upgrade_at, 250)), (r, story)
+        assert [s for s, _, _ in back] == list(range(upgrade_at, ELASTIC_STEPS)), (r, story)
     # Measured (printed, not asserted): from the coordinator's decision to the first step trained in
     # the new world, wall clock (the coordinator and the ranks share this machine's clock).
     decided = [

@@ -7,7 +7,6 @@ Real etcd, the services as separate processes, real PyTorch ranks (gloo, CPU), t
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import signal
@@ -18,9 +17,9 @@ import pytest
 
 from recoverd.keys import RunRef
 from recoverd.records import pb
-from recoverd.store import Store, WatchEvent
 
 from .cluster import Cluster
+from .history import report_writes, writes_between
 from .test_pytorch_elastic import _elastic_worker, _log  # noqa: F401  (_elastic_worker: an autouse fixture)
 
 pytest.importorskip("torch", reason="PyTorch is not installed (pip install -r requirements-torch.txt)")
@@ -29,43 +28,10 @@ pytestmark = pytest.mark.etcd
 
 SLOW_RECOVER = ("--recover-timeout", "40")
 DONE = re.compile(r"^rank (\d+) step (\d+) done", re.M)
-#: A history replay that has delivered nothing for this long has delivered everything.
-IDLE_S = 2.0
-
-
 
 
 def _steps(text: str) -> list[int]:
     return [int(m[2]) for m in DONE.finditer(text)]
-
-
-def writes_between(cluster: Cluster, prefix: str, start: int, end: int) -> list[WatchEvent]:
-    """Every write under ``prefix`` in revisions ``start..end``, from etcd's history (a watch from
-    ``start`` replays it at once; once it has gone quiet for IDLE_S, all of it has arrived)."""
-
-    async def replay(store: Store) -> list[WatchEvent]:
-        out: list[WatchEvent] = []
-        events = aiter(store.watch_prefix(prefix, start))
-        while True:
-            try:
-                item = await asyncio.wait_for(anext(events), IDLE_S)
-            except TimeoutError:
-                break
-            if isinstance(item, WatchEvent):
-                if item.mod_revision > end:
-                    break
-                out.append(item)
-        await events.aclose()  # type: ignore[attr-defined]
-        return out
-
-    return cluster._run(replay)  # type: ignore[no-any-return]
-
-
-def report_writes(events: list[WatchEvent], reports_prefix: str) -> Counter[str]:
-    """participant/kind -> puts of that report."""
-    return Counter(
-        e.key.removeprefix(reports_prefix) for e in events if e.key.startswith(reports_prefix) and not e.is_delete
-    )
 
 
 def test_a_dump_through_the_agents_saves_every_rank_and_the_job_resumes_from_it(

@@ -23,8 +23,8 @@ from recoverd.rankwire import address_for, encode_join, sockaddr
 from recoverd.records import pb
 
 from .cluster import Cluster
+from .history import report_writes, writes_between
 from .test_agent_restart import _reap_orphans
-from .test_pytorch_via_agent import report_writes, writes_between
 
 pytestmark = pytest.mark.etcd
 

@@ -15,7 +15,7 @@ import pytest
 from recoverd import participants
 from recoverd.agent.aggregate import Outcome, declaration, open_round
 from recoverd.codes import Code
-from recoverd.coordinator.inputs import StopCompleted, StrategiesReported
+from recoverd.coordinator.inputs import RecoverStatusReported, StopCompleted, StrategiesReported
 from recoverd.coordinator.model import FaultInfo, Phase, Recovery
 from recoverd.coordinator.observe import implied_answers, live_participants
 from recoverd.errors import BadRecord
@@ -51,8 +51,11 @@ def test_a_node_speaks_for_its_ranks_only_once_every_one_has_joined() -> None:
 
 def test_a_node_declares_what_it_and_every_joined_rank_can_do() -> None:
     both = {0: ("dump", "exit"), 1: ("dump", "exit", "elastic-training")}
-    # dump is relayed to the ranks; elastic-training is not (yet): no rank gets it through an agent.
+    # dump and elastic-training are relayed to the ranks: each only where every rank offers it.
     assert declaration(AGENT, both, {0, 1}) == (("dump", "exit"), True)
+    assert declaration(AGENT, {1: both[1]}, {1}) == (("elastic-training", "dump", "exit"), True)
+    # retry is not relayed (yet): a rank's offer of it does not make the node offer it.
+    assert declaration(AGENT, {0: ("retry", "dump")}, {0}) == (("dump",), True)
     # One rank that cannot dump takes dump away from the whole node.
     assert declaration(AGENT, {**both, 2: ("exit",)}, {0, 1, 2}) == (("exit",), True)
     # A rank's offer of an agent strategy counts only where the agent can do it.
@@ -63,8 +66,11 @@ def test_a_node_declares_what_it_and_every_joined_rank_can_do() -> None:
 
 
 def test_a_node_holding_no_rank_does_not_rule_out_what_ranks_carry_out() -> None:
-    # An idle spare: the intersection of every node's declaration keeps dump.
-    assert declaration(AGENT, {}, ()) == (("recover-in-place", "recover", "dump", "exit"), False)
+    # An idle spare: the intersection of every node's declaration keeps dump and elastic-training.
+    assert declaration(AGENT, {}, ()) == (
+        ("recover-in-place", "recover", "elastic-training", "dump", "exit"),
+        False,
+    )
     assert declaration(AGENT, {0: ("exit",)}, ())[1] is False
 
 
@@ -105,6 +111,24 @@ def test_a_round_fails_at_its_deadline_and_not_before() -> None:
 def test_answers_from_ranks_the_round_does_not_wait_for_change_nothing() -> None:
     rnd = open_round(KEY, "STOPPING", "", joined={0}, running={0, 5}, faulty={5}, deadline=10.0)
     assert rnd.answer(5, 1, "no").departed(7) == rnd
+
+
+@pytest.mark.parametrize("strategy", ["elastic-training", "upgrade"])
+def test_a_world_change_waits_for_every_joined_rank_but_the_ones_that_leave_or_return(strategy: str) -> None:
+    # A downgrade: ranks 2 and 3 (faulty) are dropped; an upgrade: they come back. Either way the
+    # round waits for the other joined ranks, each answering once it trained in the new world.
+    rnd = open_round(
+        (4, "u", "RECOVERING"), "RECOVERING", strategy, joined={0, 1, 2}, running={0, 1, 2}, faulty={2, 3}, deadline=9
+    )
+    assert rnd.expected == {0, 1}
+    assert rnd.answer(0, 0, "").outcome(1)[0] is Outcome.PENDING
+    assert rnd.answer(0, 0, "").answer(1, 0, "").outcome(1) == (Outcome.OK, 0, "")
+    failed = rnd.answer(1, Code.CLIENT_ERROR, "no step trained with world [0, 1] within 60s")
+    assert failed.outcome(1) == (
+        Outcome.FAILED,
+        Code.CLIENT_ERROR,
+        "rank 1: no step trained with world [0, 1] within 60s",
+    )
 
 
 def test_no_round_for_a_strategy_the_agents_carry_out_themselves() -> None:
@@ -182,6 +206,8 @@ def test_an_agent_that_answers_for_its_ranks_reports_stop_and_a_relayed_strategy
     assert report("STOPPING", declared=True, answers_for_ranks=True)
     assert not report("GLOBAL_FAULT", declared=True, answers_for_ranks=True)  # its declaration answers
     assert report("RECOVERING", declared=True, answers_for_ranks=True, strategy="dump")
+    assert report("RECOVERING", declared=True, answers_for_ranks=True, strategy="elastic-training")
+    assert report("RECOVERING", declared=True, answers_for_ranks=True, strategy="upgrade")
     assert not report("RECOVERING", declared=True, answers_for_ranks=True, strategy="exit")  # its ack answers
     assert not report("RECOVERING", declared=True, answers_for_ranks=False, strategy="dump")
 
@@ -216,3 +242,18 @@ def test_a_node_that_answers_for_its_ranks_is_not_answered_for_when_its_fault_ra
     live = live_participants(plain, _recovery(Phase.STOPPING))
     answers = implied_answers(plain, _recovery(Phase.STOPPING, participants=live))
     assert StopCompleted(2, "agent.n3") in answers
+
+
+def test_a_downgrade_through_the_agents_waits_for_the_survivors_and_takes_the_dropped_nodes_ack() -> None:
+    """The surviving nodes report once their ranks trained in the smaller world; the dropped node
+    (RELEASE_RANKS) is answered by its command's ack, even though it answers for its ranks too
+    (its agent writes no report for a commanded round: a failed release must not read as done)."""
+    v = _view(("n0", "n1", "n2", "n3"))
+    live = live_participants(v, _recovery(Phase.STOPPING))
+    down = _recovery(Phase.RECOVERING, participants=live, strategy="elastic-training", command_nodes=frozenset({"n3"}))
+    assert implied_answers(v, down) == [RecoverStatusReported(2, "agents", 0, "elastic-training")]
+    v.acks["n3"] = pb.CommandAck(epoch=2, seq=1, ok=False, detail="rank 0 would not stop")
+    assert implied_answers(v, down) == [
+        RecoverStatusReported(2, "agent.n3", 1, "elastic-training", "rank 0 would not stop"),
+        RecoverStatusReported(2, "agents", 0, "elastic-training"),
+    ]

@@ -8,7 +8,8 @@ its position among them.
 The ranks of one generation must agree on its world exactly (gloo is given the rank and size), yet
 they read the record at different moments. So the first rank to seat itself in generation ``n``
 pins the world it read under ``g<n>/world`` (compare-and-set), and every rank of ``n`` uses the
-pinned one. When the record changes, the job's controller (:mod:`.relay`) calls :meth:`publish`:
+pinned one. When the record changes, the job's controller (:mod:`.relay`), or every rank when
+they take part through their agents (docs/adr/0036), calls :meth:`publish`:
 it pins the current generation to the new world if nobody has yet, or aborts it when it is pinned
 to another. Both sides read in the order (generation, record, pin), and the controller writes the
 pin after the record changed, so no generation can be formed with a world that was stale when the
@@ -47,6 +48,8 @@ class Membership:
         self.world_size = world_size
         #: The world of the generation this rank last took a seat in.
         self.seated_world: list[int] = []
+        #: This rank has said it is ready for a seat (``ready/<rank>``) and has not had one since.
+        self._marked = False
 
     def live(self) -> list[int]:
         """The job's ranks minus those the recovery record says are isolated, in rank order."""
@@ -65,9 +68,13 @@ class Membership:
         world = self._pin(number, self.live())
         if self.rank in world:
             self.seated_world = world
+            if self._marked:  # seated at last: the mark is not ready for the next upgrade
+                self._marked = False
+                self.store.delete_key(f"ready/{self.rank}")
             return world.index(self.rank), len(world)
         # Ready to join: the controller lets the others train on until every returning rank is.
         self.store.set(f"ready/{self.rank}", str(number))
+        self._marked = True
         deadline = time.monotonic() + NOT_SEATED_WAIT_S
         delay = POLL_MIN_S
         while time.monotonic() < deadline and int(self.store.get("gen")) == number:
@@ -75,15 +82,18 @@ class Membership:
             delay = min(delay * 2, POLL_MAX_S)
         return None
 
-    def wait_ready(self, ranks: list[int], timeout_s: float) -> list[int]:
+    def wait_ready(self, ranks: list[int], timeout_s: float, *, consume: bool = True) -> list[int]:
         """Wait until each of ``ranks`` (ranks coming back) waits for a seat, or ``timeout_s``;
-        return those that do. Their marks are consumed, so the next upgrade waits anew."""
+        return those that do. ``consume``: delete their marks (the relay, the one waiter), else
+        each returning rank deletes its own once seated (every survivor waits, through the
+        agents); either way the next upgrade waits anew. Read from the store's watched copy: no
+        etcd request per poll, however many ranks wait."""
         deadline = time.monotonic() + timeout_s
         delay = POLL_MIN_S
         while True:
-            ready = [r for r in ranks if self.store.check([f"ready/{r}"])]
+            ready = [r for r in ranks if self.store.seen(f"ready/{r}") is not None]
             if len(ready) == len(ranks) or time.monotonic() >= deadline:
-                for r in ready:
+                for r in ready if consume else ():
                     self.store.delete_key(f"ready/{r}")
                 return ready
             time.sleep(delay)

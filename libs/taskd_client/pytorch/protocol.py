@@ -19,10 +19,11 @@ one client: the agents stop answering for the job while it is registered (docs/c
 
 With ``via_agent=True`` there is no such client: every rank joins through its node's agent
 (:mod:`taskd_client.agentlink`, docs/adr/0036), which answers for all of its ranks with one report
-per phase. Every rank acknowledges a stop at once (the group stops it), and on ``dump`` every rank
+per phase. Every rank acknowledges a stop at once (the group stops it); on ``dump`` every rank
 saves its own file and answers its agent itself; restarted, every rank loads its own
-(``load_state=protocol.load_dump``). ``elastic-training`` is not carried out this way yet: the
-agents do not offer it, so recoverd does not choose it for such a job.
+(``load_state=protocol.load_dump``). On a downgrade or upgrade every rank publishes the new world
+(the membership's compare-and-sets make them agree: one write wins), leaves its generation, and
+answers its agent once it has trained a step in the new world.
 
 The trainer calls three hooks: :meth:`attach` when it is built, ``group.seat`` (:meth:`_seat`) each
 time its group tries a generation, and :meth:`before_step` before each step.
@@ -41,10 +42,11 @@ from typing import TYPE_CHECKING, Any
 from recoverd.codes import Code
 from recoverd.keys import Keyspace, RunRef
 from recoverd.rankwire import Signal
+from recoverd.strategies import UPGRADE
 from taskd_client.agentlink import AgentLink, Reply
 from taskd_client.pytorch.dumps import Dumps
 from taskd_client.pytorch.membership import Membership
-from taskd_client.pytorch.relay import Relay
+from taskd_client.pytorch.relay import Relay, carry_out_resize
 
 if TYPE_CHECKING:
     from taskd_client.pytorch.trainer import ResilientTrainer
@@ -56,6 +58,8 @@ log = logging.getLogger(__name__)
 #: The name under ``trainer.extra`` of the world size the state was trained with (it travels with
 #: the state: a rank that gets it from a peer, or from a dump, knows which world it came from).
 WORLD_TAG = "recoverd.world"
+#: The recovery rounds an agent relays that change the world: round strategy -> the change.
+AGENT_RESIZES = {"elastic-training": "downgrade", UPGRADE: "upgrade"}
 #: After saving a dump a rank waits this long to be restarted by recoverd, then fails.
 RESTART_WAIT_S = 300.0
 
@@ -108,6 +112,8 @@ class RecoveryProtocol:
         self._cond = threading.Condition()
         self._seated: list[int] = []
         self._formed: tuple[int, list[int]] = (-1, [])
+        #: When this rank's agent last relayed a world change (monotonic), for the first step's latency.
+        self._changed_at: float | None = None
 
     # ------------------------------------------------------------------ hooks
     def attach(self, trainer: ResilientTrainer) -> None:
@@ -159,7 +165,7 @@ class RecoveryProtocol:
             self._tag.world = new
             if old is not None:
                 self._changed(trainer, old, new)
-        if self.relay is not None and self._formed[0] != trainer.group.generation:
+        if (self.relay is not None or self.link is not None) and self._formed[0] != trainer.group.generation:
             with self._cond:
                 self._formed = (trainer.group.generation, list(self._seated))
                 self._cond.notify_all()
@@ -175,8 +181,9 @@ class RecoveryProtocol:
     def _changed(self, trainer: ResilientTrainer, old: int, new: int) -> None:
         self.on_world_change(old, new)
         latency = ""
-        if self.relay is not None and self.relay.changed_at is not None:
-            latency = f", {1000 * (time.monotonic() - self.relay.changed_at):.0f} ms after recoverd's changeStrategy"
+        changed_at = self.relay.changed_at if self.relay is not None else self._changed_at
+        if changed_at is not None:
+            latency = f", {1000 * (time.monotonic() - changed_at):.0f} ms after recoverd's changeStrategy"
         self._emit(
             f"rank {trainer.env.rank}: world {old} -> {new} (data-parallel rank {trainer.rank});"
             f" first step in it: {trainer.step}{latency}"
@@ -232,6 +239,14 @@ class RecoveryProtocol:
         if signal.kind == "stop":
             reply(0, "")
             return
+        change = AGENT_RESIZES.get(signal.strategy)
+        if change is not None:
+            # Its own thread: an upgrade waits for the returning ranks (seconds), and the link must
+            # go on reading meanwhile.
+            threading.Thread(
+                target=self._resize_for_agent, args=(change, signal, reply), name="recoverd-resize", daemon=True
+            ).start()
+            return
         if signal.strategy != "dump":
             reply(Code.CLIENT_ERROR, f"strategy {signal.strategy!r} is not carried out through the agent")
             return
@@ -244,6 +259,33 @@ class RecoveryProtocol:
             self._agent_dump = (dump_id, reply)
         self._membership.abort_current(f"dump {dump_id}")
         self._interrupt(f"dump {dump_id}")
+
+    def _resize_for_agent(self, change: str, signal: Signal, reply: Reply) -> None:
+        """A downgrade or upgrade relayed by this rank's agent: every rank carries it out (the
+        membership's compare-and-sets make them agree) and answers once it has trained a step in
+        the new world."""
+        assert self._membership is not None
+        self._changed_at = time.monotonic()
+        try:
+            code, message = carry_out_resize(
+                change,
+                list(signal.fault_ranks),
+                membership=self._membership,
+                interrupt=self._interrupt,
+                wait_world=self._wait_world,
+                timeout_s=self.confirm_timeout_s,
+                emit=lambda text: log.debug("%s", text),
+                who=f"rank {self._membership.rank}",
+                on_ready=self._ready_to_change,
+                consume_ready=False,
+            )
+        except Exception as err:  # etcd gone for longer than the store retries: this rank's failure
+            log.exception("rank %d: %s failed", self._membership.rank, change)
+            code, message = Code.CLIENT_ERROR, f"{change}: {type(err).__name__}: {err}"
+        reply(code, message)
+
+    def _ready_to_change(self) -> None:
+        self._changed_at = time.monotonic()
 
     def _wait_world(self, live: list[int], timeout_s: float) -> bool:
         with self._cond:

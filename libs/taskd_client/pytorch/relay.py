@@ -38,7 +38,7 @@ from taskd_client.manager import DLRecoverManager
 from taskd_client.pytorch.dumps import Dumps
 from taskd_client.pytorch.membership import Membership
 
-__all__ = ["Relay"]
+__all__ = ["Relay", "carry_out_resize"]
 
 log = logging.getLogger(__name__)
 
@@ -127,23 +127,20 @@ class Relay:
 
     def _resize(self, change: str, fault_ranks: dict[int, int]) -> tuple[int, str]:
         self.changed_at = time.monotonic()
-        if change == "upgrade":
-            # Train on in the small world until the returning ranks can join at once.
-            ready = self.membership.wait_ready(sorted(fault_ranks), self.confirm_timeout_s)
-            self._emit(
-                f"relay: ranks {ready} of {sorted(fault_ranks)} ready to join after"
-                f" {1000 * (time.monotonic() - self.changed_at):.0f} ms"
-            )
-            self.changed_at = time.monotonic()
-        number, live, aborted = self.membership.publish(f"{change} of ranks {sorted(fault_ranks)}")
-        self._emit(
-            f"relay: {change} of ranks {sorted(fault_ranks)}: world {live}"
-            f" ({'aborted' if aborted else 'pinned'} generation {number})"
+        return carry_out_resize(
+            change,
+            sorted(fault_ranks),
+            membership=self.membership,
+            interrupt=self.interrupt,
+            wait_world=self.wait_world,
+            timeout_s=self.confirm_timeout_s,
+            emit=self._emit,
+            who="relay",
+            on_ready=self._ready,
         )
-        self.interrupt(f"{change} of ranks {sorted(fault_ranks)}")
-        if self.wait_world(live, self.confirm_timeout_s):
-            return 0, ""
-        return Code.CLIENT_ERROR, f"no step trained with world {live} within {self.confirm_timeout_s:g}s"
+
+    def _ready(self) -> None:
+        self.changed_at = time.monotonic()
 
     def _dump(self, uuid: str, fault_ranks: dict[int, int]) -> tuple[int, str]:
         dump_id = re.sub(r"[^A-Za-z0-9_.-]", "_", uuid) or str(time.time_ns())
@@ -159,3 +156,42 @@ class Relay:
         took_ms = 1000 * (time.monotonic() - started)
         self._emit(f"relay: dump {dump_id} saved by ranks {saved} of {expected} in {took_ms:.0f} ms")
         return 0, ""
+
+
+def carry_out_resize(
+    change: str,
+    fault_ranks: list[int],
+    *,
+    membership: Membership,
+    interrupt: Callable[[str], None],
+    wait_world: Callable[[list[int], float], bool],
+    timeout_s: float,
+    emit: Callable[[str], None],
+    who: str,
+    on_ready: Callable[[], None] = lambda: None,
+    consume_ready: bool = True,
+) -> tuple[int, str]:
+    """A downgrade or an upgrade as a rank carries it out once recoverd's record holds the new
+    membership: (code, message) for its answer. The relay runs it on one rank; through the agents
+    (docs/adr/0036) every rank runs it, and the compare-and-sets of :meth:`Membership.publish`
+    make the ranks' concurrent calls agree.
+
+    On an upgrade it first waits until the returning ranks (``fault_ranks``) are up and ask for a
+    seat, then calls ``on_ready`` (the wait is not the change's latency); ``consume_ready``: take
+    their marks (one waiter) or leave them to the returning ranks (every survivor waits)."""
+    started = time.monotonic()
+    if change == "upgrade":
+        # Train on in the small world until the returning ranks can join at once.
+        ready = membership.wait_ready(fault_ranks, timeout_s, consume=consume_ready)
+        took_ms = 1000 * (time.monotonic() - started)
+        emit(f"{who}: ranks {ready} of {fault_ranks} ready to join after {took_ms:.0f} ms")
+        on_ready()
+    number, live, aborted = membership.publish(f"{change} of ranks {fault_ranks}")
+    emit(
+        f"{who}: {change} of ranks {fault_ranks}: world {live}"
+        f" ({'aborted' if aborted else 'pinned'} generation {number})"
+    )
+    interrupt(f"{change} of ranks {fault_ranks}")
+    if wait_world(live, timeout_s):
+        return 0, ""
+    return Code.CLIENT_ERROR, f"no step trained with world {live} within {timeout_s:g}s"

@@ -80,7 +80,7 @@ def done(rank: int, step: int) -> None:
 
 
 def run_recoverd(args: argparse.Namespace) -> int:
-    from taskd_client.pytorch import ResilientTrainer, RetryableFault, wait_for_rank
+    from taskd_client.pytorch import RecoveryProtocol, ResilientTrainer, RetryableFault, wait_for_rank
 
     wait_for_rank()  # a warm spare (--warm-spares) waits here, torch imported, to be given a rank
     rank = int(os.environ["RANK"])
@@ -88,13 +88,22 @@ def run_recoverd(args: argparse.Namespace) -> int:
     optimizer = make_optimizer(model)
     loss_fn = nn.CrossEntropyLoss()
     ckpt = Path(args.ckpt_dir) / "checkpoint.pt" if args.ckpt_dir else None
+    say = lambda text: print(f"{text} (at {time.time():.6f})", flush=True)  # noqa: E731
+    # --via-agent: every rank joins recoverd's protocol through its node agent, so that recoverd
+    # decides on a RetryableFault (retry, or a costlier strategy) instead of the trainer alone.
+    protocol = (
+        RecoveryProtocol(offer=("retry", "recover-in-place", "exit"), via_agent=True, on_event=say)
+        if args.via_agent
+        else None
+    )
     trainer = ResilientTrainer(
         model,
         optimizer,
         load_state=lambda: load_checkpoint(ckpt),
         timeout=timedelta(seconds=args.collective_timeout or 60.0),
-        on_event=lambda text: print(f"{text} (at {time.time():.6f})", flush=True),
+        on_event=say,
         ddp=args.ddp,
+        protocol=protocol,
     )
     injected = int(os.environ.get("RECOVERD_RESTART_COUNT", "0")) > 0
     for step in trainer.steps(args.steps):
@@ -176,6 +185,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--retry-at-step", type=int, default=-1, help="raise a RetryableFault at this step ...")
     parser.add_argument("--retry-rank", type=int, default=-1, help="... in this rank (once)")
+    parser.add_argument(
+        "--via-agent",
+        action="store_true",
+        help="recoverd: every rank takes part in recoverd's protocol through its node agent (docs/adr/0036):"
+        " recoverd decides what a RetryableFault gets",
+    )
     parser.add_argument(
         "--collective-timeout", type=float, default=None, help="gloo's timeout in seconds (recoverd: 60, torchrun: 10)"
     )

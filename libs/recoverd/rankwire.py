@@ -11,6 +11,10 @@ rank -> agent
     and can carry out ``offer``; sent on every (re)connection.
     ``{"v": 1, "op": "answer", "id": ID, "code": C, "message": M}``: its answer to signal ``ID``
     (0: done; anything else: failed, with a reason).
+    ``{"v": 1, "op": "fault", "id": ID, "type": "0" | "2", "detail": D}``: this rank hit a fault
+    its step can be re-run after (MindCluster's fault types: "0" an uncorrectable memory error, "2"
+    a link error); the agent reports it as this rank's fault ``ID`` (once per id), and recoverd
+    decides (``retry``, relayed back as a ``change``, or a costlier strategy).
 agent -> rank
     ``{"v": 1, "op": "signal", "id": ID, "kind": "stop" | "change", "strategy": S, "uuid": U,
     "fault_ranks": [...]}``: stop training (answer once stopped), or carry out strategy ``S`` of the
@@ -28,16 +32,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from recoverd.errors import BadRecord
-from recoverd.strategies import TRAITS
+from recoverd.strategies import RETRYABLE_FAULT_TYPES, TRAITS
 
 __all__ = [
     "ADDRESS_ENV",
     "MAX_MESSAGE",
     "Answer",
     "Join",
+    "RankFault",
     "Signal",
     "address_for",
     "encode_answer",
+    "encode_fault",
     "encode_join",
     "encode_signal",
     "node_socket_address",
@@ -53,6 +59,8 @@ ADDRESS_ENV = "RECOVERD_RANKS_SOCKET"
 MAX_MESSAGE = 4096
 _MAX_ID = 200
 _MAX_TEXT = 1000
+#: A rank's own fault id becomes part of the fault's key (the agent's ``fault_id`` keeps it short).
+_MAX_FAULT_ID = 64
 _KINDS = ("stop", "change")
 
 
@@ -88,6 +96,16 @@ class Answer:
 
 
 @dataclass(frozen=True, slots=True)
+class RankFault:
+    """A retryable fault a rank reports about itself (``fault_type``: one of
+    :data:`~recoverd.strategies.RETRYABLE_FAULT_TYPES`)."""
+
+    fault_id: str
+    fault_type: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
 class Signal:
     signal_id: str
     kind: str
@@ -109,6 +127,10 @@ def encode_join(rank: int, offer: tuple[str, ...]) -> bytes:
 
 def encode_answer(signal_id: str, code: int, message: str) -> bytes:
     return _encode({"op": "answer", "id": signal_id, "code": code, "message": message[:_MAX_TEXT]})
+
+
+def encode_fault(fault: RankFault) -> bytes:
+    return _encode({"op": "fault", "id": fault.fault_id, "type": fault.fault_type, "detail": fault.detail[:_MAX_TEXT]})
 
 
 def encode_signal(signal: Signal) -> bytes:
@@ -156,8 +178,9 @@ def _text(fields: dict[str, Any], name: str, limit: int) -> str:
     return value
 
 
-def parse_from_rank(data: bytes) -> Join | Answer:
-    """A rank's message; BadRecord with the reason for anything else (unknown strategies too)."""
+def parse_from_rank(data: bytes) -> Join | Answer | RankFault:
+    """A rank's message; BadRecord with the reason for anything else (unknown strategies and
+    fault types too)."""
     fields = _object(data, "rank")
     op = fields.get("op")
     if op == "join":
@@ -170,6 +193,14 @@ def parse_from_rank(data: bytes) -> Join | Answer:
         if not signal_id:
             raise BadRecord("answer without a signal id")
         return Answer(signal_id, _integer(fields, "code", -(2**31), 2**31 - 1), _text(fields, "message", _MAX_TEXT))
+    if op == "fault":
+        fault_id = _text(fields, "id", _MAX_FAULT_ID)
+        if not fault_id or not all(c.isascii() and (c.isalnum() or c in "._-") for c in fault_id):
+            raise BadRecord(f"field 'id' is not 1..{_MAX_FAULT_ID} of [A-Za-z0-9._-]")
+        fault_type = fields.get("type")
+        if fault_type not in RETRYABLE_FAULT_TYPES:
+            raise BadRecord(f"field 'type' is not a retryable fault type ({', '.join(sorted(RETRYABLE_FAULT_TYPES))})")
+        return RankFault(fault_id, str(fault_type), _text(fields, "detail", _MAX_TEXT))
     raise BadRecord(f"unknown op {str(op)[:40]!r}")
 
 

@@ -21,6 +21,7 @@ __all__ = [
     "NODE_WIDE",
     "RELAYED_TO_RANKS",
     "RESTARTS_FAULTY_RANKS",
+    "RETRYABLE_FAULT_TYPES",
     "TRAITS",
     "UPGRADE",
     "Traits",
@@ -65,9 +66,11 @@ NODE_WIDE = frozenset(s for s, t in TRAITS.items() if t.node_wide)
 #: any rank: not under msrun or for adopted processes).
 AGENT_STRATEGIES: tuple[str, ...] = tuple(s for s, t in TRAITS.items() if t.agent_can_do)
 #: What an agent that answers for its ranks' clients (docs/adr/0036) carries out through them: it
-#: relays the signal to every joined rank and reports once they all answered. `retry` is not among
-#: them yet (a rank's retryable fault is rolled back by the trainer itself, without recoverd).
-RELAYED_TO_RANKS: frozenset[str] = frozenset({"dump", "elastic-training"})
+#: relays the signal to every joined rank and reports once they all answered.
+RELAYED_TO_RANKS: frozenset[str] = frozenset({"retry", "dump", "elastic-training"})
+#: MindCluster's fault types a step can be re-run after: "0" an uncorrectable memory error (UCE),
+#: "2" a link (HCCL) error; "1", any other fault, rules `retry` out.
+RETRYABLE_FAULT_TYPES: frozenset[str] = frozenset({"0", "2"})
 #: The recovery round that brings back ranks a downgrade (`elastic-training`) isolated, once a
 #: spare has registered: not a strategy the selector chooses, but a round's strategy all the same.
 UPGRADE = "upgrade"

@@ -25,8 +25,10 @@ from recoverd.errors import BadRecord
 from recoverd.rankwire import (
     ADDRESS_ENV,
     MAX_MESSAGE,
+    RankFault,
     Signal,
     encode_answer,
+    encode_fault,
     encode_join,
     parse_from_agent,
     sockaddr,
@@ -140,6 +142,20 @@ class AgentLink:
             except Exception as err:  # the handler's failure is this rank's answer
                 log.exception("rank %d: handling %s failed", self.rank, signal.kind)
                 self._replier(signal.signal_id)(1, f"{type(err).__name__}: {err}")
+
+    def report_fault(self, fault: RankFault) -> bool:
+        """Tell the agent this rank hit a retryable fault (it reports it as this rank's fault);
+        False when the rank is not connected to its agent now (then nobody hears of it)."""
+        with self._lock:
+            sock = self._sock
+            if sock is None or not self._joined.is_set():
+                return False
+            try:
+                sock.send(encode_fault(fault))
+            except OSError as err:
+                log.warning("rank %d: fault %s not sent: %s", self.rank, fault.fault_id, err)
+                return False
+        return True
 
     def _replier(self, signal_id: str) -> Reply:
         def reply(code: int, message: str) -> None:

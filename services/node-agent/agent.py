@@ -47,7 +47,15 @@ import psutil
 from recoverd import events, metrics, participants, rankwire, resetjson
 from recoverd.agent import resetfile
 from recoverd.agent.aggregate import declaration
-from recoverd.agent.detectors import DETECTORS, Detected, Detector, ExitDetector, fault_id, mindcluster_fault_type
+from recoverd.agent.detectors import (
+    DETECTORS,
+    Detected,
+    Detector,
+    ExitDetector,
+    FaultKind,
+    fault_id,
+    mindcluster_fault_type,
+)
 from recoverd.agent.detectors.hang import HangDetector
 from recoverd.agent.detectors.progress_socket import address_for
 from recoverd.agent.detectors.runner import DetectorSet
@@ -94,7 +102,7 @@ from recoverd.keys import Keyspace, RunRef
 from recoverd.records import decode, encode, pb, ts_from_s
 from recoverd.resetjson import ResetState
 from recoverd.store import Delete, Put, Store
-from recoverd.strategies import AGENT_STRATEGIES
+from recoverd.strategies import AGENT_STRATEGIES, RETRYABLE_FAULT_TYPES
 from recoverd.validate import report_kind_name
 
 __all__ = [
@@ -688,6 +696,7 @@ class NodeAgent:
             slots=lambda: self.slots,
             wake=self._wake.set,
             note=lambda reason, message: self.note(reason, message),
+            on_fault=self._rank_reported_fault,
         )
         try:
             clients.open()
@@ -695,6 +704,33 @@ class NodeAgent:
             self.note("rank_clients_unavailable", f"the ranks' protocol socket {clients.address}: {err}")
             return
         self.rank_clients = clients
+
+    def _rank_reported_fault(self, rank: int, fault: rankwire.RankFault) -> None:
+        """A joined rank's own retryable fault (its trainer caught a RetryableFault): reported as
+        that rank's fault, once per id; recoverd decides what to do (ADR 0036)."""
+        kind = FaultKind.UCE if fault.fault_type == "0" else FaultKind.LINK
+        detail = f"rank {rank} reported a retryable fault: {fault.detail or kind.value}"
+        self.report(Detected(rank=rank, kind=kind, detail=detail, instance=f"rank-{fault.fault_id}"))
+
+    def _retrying(self, recovery: pb.Recovery) -> set[int]:
+        """The fault ranks of this node that stay up for the job to re-run their step: every fault
+        of theirs is retryable, and they run and joined through this agent (they acknowledge the
+        stop, and take part in a `retry`). The agent stops the others in STOPPING; should recoverd
+        choose a costlier strategy, its command restarts these as well."""
+        if self.rank_clients is None or not self.membership.answers_for_ranks:
+            return set()
+        types: dict[int, set[str]] = {}
+        for fault in recovery.faults:
+            types.setdefault(fault.rank, set()).add(fault.fault_type)
+        joined = self.rank_clients.joined
+        return {
+            rank
+            for rank, seen in types.items()
+            if seen <= RETRYABLE_FAULT_TYPES
+            and rank in joined
+            and (slot := self.slots.get(rank)) is not None
+            and slot.is_running
+        }
 
     def _declare(self) -> None:
         """Keep the node record's declaration in step with the ranks that joined: rewritten only
@@ -1098,6 +1134,7 @@ class NodeAgent:
         ):
             return  # nothing to say, or the coordinator answers for this node (its record, its ack)
         faulty = sorted({f.rank for f in recovery.faults})
+        retrying = self._retrying(recovery)
         report = pb.Report(
             participant=self.participant,
             epoch=recovery.epoch,
@@ -1107,7 +1144,7 @@ class NodeAgent:
         )
         if recovery.phase == pb.PHASE_STOPPING:
             # The faulty ranks of this node must be down before we say "stopped" (a hung one may not be).
-            local_faulty = [self.slots[r] for r in faulty if r in self.slots]
+            local_faulty = [self.slots[r] for r in faulty if r in self.slots and r not in retrying]
             await self._stop_ranks(local_faulty)
             report.kind = pb.REPORT_STOP_COMPLETE
         elif recovery.phase == pb.PHASE_GLOBAL_FAULT:
@@ -1123,7 +1160,12 @@ class NodeAgent:
         if speaks and self.rank_clients is not None and report.kind != pb.REPORT_STRATEGIES:
             # One answer for every joined rank: written once they all answered (they wake us).
             key = (recovery.epoch, recovery.uuid, phase)
-            ranks = self.rank_clients.answer(key, phase, recovery.strategy, recovery.uuid, faulty)
+            # A rank kept up for a retry acknowledges the stop and re-runs its step with the others;
+            # in any other strategy it is left out, as a fault rank (its command deals with it).
+            left_out = [
+                r for r in faulty if r not in retrying or (phase == "RECOVERING" and recovery.strategy != "retry")
+            ]
+            ranks = self.rank_clients.answer(key, phase, recovery.strategy, recovery.uuid, left_out)
             if ranks is None:
                 return
             report.code, report.message = ranks

@@ -31,7 +31,7 @@ from recoverd.agent.aggregate import Outcome, Round, declaration, open_round
 from recoverd.agent.detectors.progress_socket import sender_belongs
 from recoverd.agent.ranktable import RankSlot
 from recoverd.errors import BadRecord
-from recoverd.rankwire import MAX_MESSAGE, Answer, Join, Signal, encode_signal, parse_from_rank, sockaddr
+from recoverd.rankwire import MAX_MESSAGE, Answer, Join, RankFault, Signal, encode_signal, parse_from_rank, sockaddr
 
 __all__ = ["MAX_CONNECTIONS", "ROUND_TIMEOUT_S", "RankClients"]
 
@@ -60,7 +60,8 @@ class _Conn:
 class RankClients:
     """See the module docstring. ``slots()``: this node's ranks now; ``wake()``: ask the agent to
     reconcile (a join, an answer, a departure, a deadline); ``note(reason, message)``: record an
-    event of this node."""
+    event of this node; ``on_fault(rank, fault)``: a joined rank reported a retryable fault of its
+    own."""
 
     def __init__(
         self,
@@ -69,12 +70,14 @@ class RankClients:
         slots: Callable[[], Mapping[int, RankSlot]],
         wake: Callable[[], None],
         note: Callable[[str, str], None],
+        on_fault: Callable[[int, RankFault], None] = lambda rank, fault: None,
         round_timeout_s: float = ROUND_TIMEOUT_S,
     ) -> None:
         self.address = address
         self._slots = slots
         self._wake = wake
         self._note = note
+        self._on_fault = on_fault
         self.round_timeout_s = round_timeout_s
         self._sock: socket.socket | None = None
         self._conns: set[_Conn] = set()
@@ -191,6 +194,8 @@ class RankClients:
                 continue
             if isinstance(message, Join):
                 self._join(conn, message)
+            elif isinstance(message, RankFault):
+                self._fault(conn, message)
             else:
                 self._answered(conn, message)
 
@@ -213,6 +218,13 @@ class RankClients:
         if rnd is not None and join.rank in rnd.expected and join.rank not in rnd.answered and not rnd.failure:
             self._send(join.rank)  # it reconnected while the round waits for it (an agent restart)
         self._wake()
+
+    def _fault(self, conn: _Conn, fault: RankFault) -> None:
+        """A joined rank's retryable fault of its own: the agent reports it as that rank's."""
+        if conn.rank is None:
+            self._drop(conn, "a fault before joining")
+            return
+        self._on_fault(conn.rank, fault)
 
     def _answered(self, conn: _Conn, answer: Answer) -> None:
         if conn.rank is None:

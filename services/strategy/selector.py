@@ -35,14 +35,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from recoverd.strategies import ALL_STRATEGIES, TRAITS, UPGRADE
+from recoverd.strategies import ALL_STRATEGIES, RETRYABLE_FAULT_TYPES, TRAITS, UPGRADE
 
 __all__ = ["ALL_STRATEGIES", "EXPECTED_COST_S", "Decision", "Outcome", "PolicyView", "Request", "choose"]
 
 _NEEDS_EVERY_PARTICIPANT = frozenset(s for s, t in TRAITS.items() if t.needs_every_participant)
 #: Strategies whose executors exist in this version; the others are refused with that reason.
 _IMPLEMENTED = frozenset(ALL_STRATEGIES)
-_RETRYABLE_FAULT_TYPES = frozenset({"0", "2"})
 #: What is left after a strategy failed (upstream's chooseStrategy fallbacks); anything else: exit.
 _AFTER_FAILED = {
     "retry": ("recover-in-place", "recover", "elastic-training", "dump", "exit"),
@@ -193,7 +192,7 @@ def _rule_out(strategy: str, request: Request, allowed: Sequence[str], implement
         return f"after a failed {limiting} the fallback chain continues only with {' -> '.join(left)}"
     if strategy in _NEEDS_EVERY_PARTICIPANT and (request.supported is None or strategy not in request.supported):
         return "not reported by every participant"
-    if strategy == "retry" and not set(request.fault_types) <= _RETRYABLE_FAULT_TYPES:
+    if strategy == "retry" and not set(request.fault_types) <= RETRYABLE_FAULT_TYPES:
         return "a fault is not retryable (only UCE '0' and HCCL '2' are)"
     if strategy in ("recover-in-place", "retry") and request.drained_nodes:
         return f"node(s) {list(request.drained_nodes)} being drained: their ranks must move off them"

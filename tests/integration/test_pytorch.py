@@ -144,6 +144,41 @@ def test_a_killed_rank_is_replaced_and_the_survivors_carry_on(
     assert [(o.strategy, o.ok) for o in view.history.outcomes] == [("recover-in-place", True)]  # type: ignore[union-attr]
 
 
+# Through the agents (docs/adr/0036) recoverd decides what a RetryableFault gets: `retry` where the
+# policy allows it (no process restarts), else recover-in-place (the faulty rank, waiting for the
+# decision, is restarted and healed by its peers). Either way the model is the fault-free run's.
+@pytest.mark.parametrize("policy", ["retry,recover-in-place,exit", "recover-in-place,exit"], ids=["retry", "no-retry"])
+def test_a_retryable_fault_through_the_agents_gets_what_recoverd_decides(
+    cluster: Cluster, reference: str, policy: str
+) -> None:
+    job = f"job-ddp-agent-{policy.split(',')[0]}"
+    cluster.coordinator()
+    cluster.strategy()
+    worker = (*ARGS, "--retry-at-step", "20", "--retry-rank", "2", "--via-agent")
+    cluster.agent(job, nproc=WORLD, strategies=policy, worker=worker)
+    before = cluster.wait_running(job, WORLD, timeout=60)
+    finals = _finals(cluster, job)
+    after = cluster.ranks(job)
+    view = cluster.view(job)
+    logs = {r: _log(cluster, job, r) for r in range(WORLD)}
+    story = "\n".join(f"--- rank {r}:\n{_not_steps(text)}" for r, text in logs.items()) + "\n" + cluster.logs()
+    assert not view.clients  # the agents answered for the ranks
+    if policy.startswith("retry"):
+        assert [(o.strategy, o.ok) for o in view.history.outcomes] == [("retry", True)], story  # type: ignore[union-attr]
+        assert {r: s.pid for r, s in after.items()} == {r: s.pid for r, s in before.items()}, story
+        assert all(s.restart_count == 0 for s in after.values())
+        decided = re.findall(r"recoverd decided retry after (\d+) ms", logs[2])
+        assert decided, story
+        print("fault -> recoverd's retry reached the faulty rank (ms):", decided[0])  # measured, not asserted
+        for r, text in logs.items():
+            assert _done_steps(text, r).count(20) == 1 or r == 2, story  # step 20 applied once
+    else:
+        assert [(o.strategy, o.ok) for o in view.history.outcomes] == [("recover-in-place", True)], story  # type: ignore[union-attr]
+        assert after[2].restart_count == 1 and after[2].pid != before[2].pid, story
+        assert all(after[r].pid == before[r].pid for r in (0, 1, 3)), story
+    assert finals == dict.fromkeys(range(WORLD), reference), story
+
+
 def test_retry_rolls_the_step_back_in_every_rank_without_a_restart(cluster: Cluster, reference: str) -> None:
     job = "job-ddp-retry"
     cluster.coordinator()

@@ -24,8 +24,10 @@ from recoverd.rankwire import (
     MAX_MESSAGE,
     Answer,
     Join,
+    RankFault,
     Signal,
     encode_answer,
+    encode_fault,
     encode_join,
     encode_signal,
     parse_from_agent,
@@ -54,8 +56,8 @@ def test_a_node_declares_what_it_and_every_joined_rank_can_do() -> None:
     # dump and elastic-training are relayed to the ranks: each only where every rank offers it.
     assert declaration(AGENT, both, {0, 1}) == (("dump", "exit"), True)
     assert declaration(AGENT, {1: both[1]}, {1}) == (("elastic-training", "dump", "exit"), True)
-    # retry is not relayed (yet): a rank's offer of it does not make the node offer it.
-    assert declaration(AGENT, {0: ("retry", "dump")}, {0}) == (("dump",), True)
+    # retry is relayed too: a node offers it where every rank does (retry comes first in the ladder).
+    assert declaration(AGENT, {0: ("retry", "dump")}, {0}) == (("retry", "dump"), True)
     # One rank that cannot dump takes dump away from the whole node.
     assert declaration(AGENT, {**both, 2: ("exit",)}, {0, 1, 2}) == (("exit",), True)
     # A rank's offer of an agent strategy counts only where the agent can do it.
@@ -68,7 +70,7 @@ def test_a_node_declares_what_it_and_every_joined_rank_can_do() -> None:
 def test_a_node_holding_no_rank_does_not_rule_out_what_ranks_carry_out() -> None:
     # An idle spare: the intersection of every node's declaration keeps dump and elastic-training.
     assert declaration(AGENT, {}, ()) == (
-        ("recover-in-place", "recover", "elastic-training", "dump", "exit"),
+        ("retry", "recover-in-place", "recover", "elastic-training", "dump", "exit"),
         False,
     )
     assert declaration(AGENT, {0: ("exit",)}, ())[1] is False
@@ -131,6 +133,17 @@ def test_a_world_change_waits_for_every_joined_rank_but_the_ones_that_leave_or_r
     )
 
 
+def test_a_retry_waits_for_every_joined_rank_the_agent_kept_up() -> None:
+    """The agent leaves out only the fault ranks it stopped: a rank kept up for a retry (its fault
+    retryable, ``aggregate`` is told by leaving it out of ``faulty``) re-runs the step too."""
+    rnd = open_round(
+        (4, "u", "RECOVERING"), "RECOVERING", "retry", joined={0, 1}, running={0, 1}, faulty=(), deadline=9
+    )
+    assert rnd.expected == {0, 1}
+    assert rnd.answer(0, 0, "").outcome(1)[0] is Outcome.PENDING
+    assert rnd.answer(0, 0, "").answer(1, 0, "").outcome(1)[0] is Outcome.OK
+
+
 def test_no_round_for_a_strategy_the_agents_carry_out_themselves() -> None:
     with pytest.raises(ValueError):
         open_round(KEY, "RECOVERING", "exit", joined={0}, running={0}, faulty=(), deadline=1)
@@ -144,6 +157,8 @@ def test_messages_round_trip() -> None:
     assert parse_from_rank(encode_answer("3.STOPPING.u", 0, "")) == Answer("3.STOPPING.u", 0, "")
     signal = Signal("3.RECOVERING.u", "change", "dump", "u", (1, 2))
     assert parse_from_agent(encode_signal(signal)) == signal
+    fault = RankFault("g0s20n1", "2", "link flap on eth1")
+    assert parse_from_rank(encode_fault(fault)) == fault
 
 
 @pytest.mark.parametrize(
@@ -164,6 +179,14 @@ def test_messages_round_trip() -> None:
         json.dumps({"v": 1, "op": "answer", "id": "a", "code": 2**40}).encode(),
         json.dumps({"v": 1, "op": "answer", "id": "a", "code": 0, "message": 5}).encode(),
         json.dumps({"v": 1, "op": "signal"}).encode(),
+        # A rank reports only a retryable fault of its own, under an id that can go into a key.
+        json.dumps({"v": 1, "op": "fault", "id": "a", "type": "1"}).encode(),
+        json.dumps({"v": 1, "op": "fault", "id": "a", "type": 0}).encode(),
+        json.dumps({"v": 1, "op": "fault", "id": "", "type": "0"}).encode(),
+        json.dumps({"v": 1, "op": "fault", "id": "../x", "type": "0"}).encode(),
+        json.dumps({"v": 1, "op": "fault", "id": "é", "type": "0"}).encode(),
+        json.dumps({"v": 1, "op": "fault", "id": "x" * 65, "type": "0"}).encode(),
+        json.dumps({"v": 1, "op": "fault", "id": "a", "type": "0", "detail": ["x"]}).encode(),
     ],
 )
 def test_a_malformed_rank_message_is_refused_with_a_reason(data: bytes) -> None:

@@ -113,6 +113,12 @@ class Membership:
     def is_aborted(self, number: int) -> bool:
         return self.store.check([f"g{number}/abort"])
 
+    def abort(self, number: int, why: str) -> None:
+        """Abort generation ``number`` (the one this rank is in): every rank of it may call this at
+        once, for one abort and one next generation (a ``retry`` through the agents)."""
+        self.store.compare_set(f"g{number}/abort", "", why[:200])
+        self.store.compare_set("gen", str(number), str(number + 1))
+
     def abort_current(self, why: str) -> int:
         """Abort whatever generation is current (a dump: every rank must leave the loop)."""
         number = int(self.store.compare_set("gen", "", "0"))

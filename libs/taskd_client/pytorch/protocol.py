@@ -23,7 +23,9 @@ per phase. Every rank acknowledges a stop at once (the group stops it); on ``dum
 saves its own file and answers its agent itself; restarted, every rank loads its own
 (``load_state=protocol.load_dump``). On a downgrade or upgrade every rank publishes the new world
 (the membership's compare-and-sets make them agree: one write wins), leaves its generation, and
-answers its agent once it has trained a step in the new world.
+answers its agent once it has trained a step in the new world. A rank that raises
+``RetryableFault`` tells its agent (a fault of its own) and waits for recoverd: on ``retry`` every
+rank aborts the generation it is in, rolls the step back, and answers once the next one is formed.
 
 The trainer calls three hooks: :meth:`attach` when it is built, ``group.seat`` (:meth:`_seat`) each
 time its group tries a generation, and :meth:`before_step` before each step.
@@ -41,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from recoverd.codes import Code
 from recoverd.keys import Keyspace, RunRef
-from recoverd.rankwire import Signal
+from recoverd.rankwire import RankFault, Signal
 from recoverd.strategies import UPGRADE
 from taskd_client.agentlink import AgentLink, Reply
 from taskd_client.pytorch.dumps import Dumps
@@ -114,6 +116,13 @@ class RecoveryProtocol:
         self._formed: tuple[int, list[int]] = (-1, [])
         #: When this rank's agent last relayed a world change (monotonic), for the first step's latency.
         self._changed_at: float | None = None
+        #: Retryable faults this rank reported; the one waiting for recoverd's decision.
+        self._faults = 0
+        self._retry_told: threading.Event | None = None
+        #: A retry being carried out: (the generation aborted, the recovery's uuid, its answer).
+        self._retry_answer: tuple[int, str, Reply] | None = None
+        #: The retries this rank carried out (a signal repeated after an agent restart is answered at once).
+        self._retried: set[str] = set()
 
     # ------------------------------------------------------------------ hooks
     def attach(self, trainer: ResilientTrainer) -> None:
@@ -165,6 +174,12 @@ class RecoveryProtocol:
             self._tag.world = new
             if old is not None:
                 self._changed(trainer, old, new)
+        if self._retry_answer is not None and trainer.group.generation > self._retry_answer[0]:
+            with self._cond:
+                _, uuid, reply = self._retry_answer
+                self._retry_answer = None
+                self._retried.add(uuid)
+            reply(0, "")
         if (self.relay is not None or self.link is not None) and self._formed[0] != trainer.group.generation:
             with self._cond:
                 self._formed = (trainer.group.generation, list(self._seated))
@@ -247,6 +262,9 @@ class RecoveryProtocol:
                 target=self._resize_for_agent, args=(change, signal, reply), name="recoverd-resize", daemon=True
             ).start()
             return
+        if signal.strategy == "retry":
+            self._retry(signal, reply)
+            return
         if signal.strategy != "dump":
             reply(Code.CLIENT_ERROR, f"strategy {signal.strategy!r} is not carried out through the agent")
             return
@@ -259,6 +277,44 @@ class RecoveryProtocol:
             self._agent_dump = (dump_id, reply)
         self._membership.abort_current(f"dump {dump_id}")
         self._interrupt(f"dump {dump_id}")
+
+    def retry_decided(self, trainer: ResilientTrainer, fault: BaseException) -> str:
+        """The trainer's hook when this rank raised a ``RetryableFault``: through the agents, report
+        it and wait until recoverd decides ``retry`` (the rank then rolls back with the others);
+        should recoverd choose a costlier strategy, this rank is restarted meanwhile. What to say
+        in the rank's event line; "" when recoverd is not asked (no agent link: roll back at once)."""
+        if self.link is None:
+            return ""
+        self._faults += 1
+        fault_id = f"g{trainer.group.generation}s{trainer.step}n{self._faults}"
+        told = threading.Event()
+        with self._cond:
+            self._retry_told = told
+        fault_type = str(getattr(fault, "fault_type", "0"))
+        if not self.link.report_fault(RankFault(fault_id, fault_type, str(fault)[:200])):
+            return "not joined to recoverd through the agent: rolling back everywhere"
+        started = time.monotonic()
+        if told.wait(self.confirm_timeout_s):
+            return f"recoverd decided retry after {1000 * (time.monotonic() - started):.0f} ms: rolling back everywhere"
+        return f"no decision from recoverd within {self.confirm_timeout_s:g}s: rolling back everywhere"
+
+    def _retry(self, signal: Signal, reply: Reply) -> None:
+        """recoverd chose ``retry``: leave the generation this rank is in (every rank aborts the
+        same one: one abort, one next generation), roll the step back with the others, and answer
+        once the next generation is formed (:meth:`before_step`)."""
+        assert self._membership is not None and self._trainer is not None
+        with self._cond:
+            if signal.uuid in self._retried:
+                reply(0, "")  # done already: the signal came again (the agent restarted)
+                return
+            told, self._retry_told = self._retry_told, None
+        number = self._trainer.group.generation
+        self._membership.abort(number, f"retry {signal.uuid}")
+        with self._cond:
+            self._retry_answer = (number, signal.uuid, reply)
+        self._interrupt(f"retry {signal.uuid}")
+        if told is not None:
+            told.set()  # this rank raised the fault: it rolls back now
 
     def _resize_for_agent(self, change: str, signal: Signal, reply: Reply) -> None:
         """A downgrade or upgrade relayed by this rank's agent: every rank carries it out (the

@@ -36,8 +36,9 @@ averaged by one flat all-reduce in :meth:`ResilientTrainer.apply`.
 
 The same path serves ``retry``: a rank that raises :class:`RetryableFault` inside ``step_scope``
 aborts the generation, and every rank rolls the step back and runs it again, with no process
-restarted. A fresh rank (at the job's start, or a replacement) may bring state from disk with
-``load_state``; otherwise the first formation broadcasts rank 0's initial state, as DDP does.
+restarted (through the agents, recoverd decides first: ``RecoveryProtocol.retry_decided``). A
+fresh rank (at the job's start, or a replacement) may bring state from disk with ``load_state``;
+otherwise the first formation broadcasts rank 0's initial state, as DDP does.
 """
 
 from __future__ import annotations
@@ -90,7 +91,15 @@ _NONE, _FROM_DISK, _LIVE = 0, 1, 2
 
 class RetryableFault(RuntimeError):
     """Raise inside ``step_scope`` for a fault the step can be re-run after (an uncorrectable memory
-    error, a link flap): every rank rolls the step back and runs it again."""
+    error, a link flap): every rank rolls the step back and runs it again.
+
+    ``fault_type`` is MindCluster's: "0" an uncorrectable memory error (the default), "2" a link
+    error. With ``RecoveryProtocol(via_agent=True)`` recoverd hears of it and decides: ``retry``
+    (where the policy allows it), else a costlier strategy (this rank is then restarted)."""
+
+    def __init__(self, *args: object, fault_type: str = "0") -> None:
+        super().__init__(*args)
+        self.fault_type = fault_type
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +240,11 @@ class ResilientTrainer:
         try:
             yield
         except RetryableFault as fault:
-            self._emit(f"rank {self.rank}: retryable fault in step {self.step}: {fault}; rolling back everywhere")
+            decided = self.protocol.retry_decided(self, fault) if self.protocol is not None else ""
+            self._emit(
+                f"rank {self.rank}: retryable fault in step {self.step}: {fault};"
+                f" {decided or 'rolling back everywhere'}"
+            )
             self.group.abort(f"rank {self.rank} retries step {self.step}: {fault}")
             self._recover("retry")
         except RuntimeError as err:

@@ -198,7 +198,7 @@ def parse_from_rank(data: bytes) -> Join | Answer | RankFault:
         if not fault_id or not all(c.isascii() and (c.isalnum() or c in "._-") for c in fault_id):
             raise BadRecord(f"field 'id' is not 1..{_MAX_FAULT_ID} of [A-Za-z0-9._-]")
         fault_type = fields.get("type")
-        if fault_type not in RETRYABLE_FAULT_TYPES:
+        if not isinstance(fault_type, str) or fault_type not in RETRYABLE_FAULT_TYPES:
             raise BadRecord(f"field 'type' is not a retryable fault type ({', '.join(sorted(RETRYABLE_FAULT_TYPES))})")
         return RankFault(fault_id, str(fault_type), _text(fields, "detail", _MAX_TEXT))
     raise BadRecord(f"unknown op {str(op)[:40]!r}")

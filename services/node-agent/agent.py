@@ -87,6 +87,7 @@ from recoverd.agent.settings import (
 from recoverd.agent.warm import WarmSpares
 from recoverd.agent.warmstart import WarmStart
 from recoverd.agent.watched import WatchedKeys
+from recoverd.codes import Code
 from recoverd.errors import (
     BadRecord,
     EtcdUnavailable,
@@ -717,8 +718,12 @@ class NodeAgent:
         of theirs is retryable, and they run and joined through this agent (they acknowledge the
         stop, and take part in a `retry`). The agent stops the others in STOPPING; should recoverd
         choose a costlier strategy, its command restarts these as well."""
-        if self.rank_clients is None or not self.membership.answers_for_ranks:
-            return set()
+        if (
+            self.rank_clients is None
+            or not self.membership.answers_for_ranks
+            or "retry" not in self.membership.strategies
+        ):
+            return set()  # recoverd will not choose retry for these ranks: stop them as any other
         types: dict[int, set[str]] = {}
         for fault in recovery.faults:
             types.setdefault(fault.rank, set()).add(fault.fault_type)
@@ -1157,7 +1162,13 @@ class NodeAgent:
             report.strategy = recovery.strategy
         else:
             return
-        if speaks and self.rank_clients is not None and report.kind != pb.REPORT_STRATEGIES:
+        stuck = [r for r in faulty if r in self.slots and r not in retrying]
+        if speaks and recovery.phase == pb.PHASE_RECOVERING and recovery.strategy == "retry" and stuck:
+            # A fault rank of this node is down (stopped before this agent restarted, or it never
+            # joined): its step cannot be re-run here. Fail at once: the ladder's next strategy
+            # restarts it.
+            report.code, report.message = Code.CLIENT_ERROR, f"ranks {stuck} cannot retry: not running or not joined"
+        elif speaks and self.rank_clients is not None and report.kind != pb.REPORT_STRATEGIES:
             # One answer for every joined rank: written once they all answered (they wake us).
             key = (recovery.epoch, recovery.uuid, phase)
             # A rank kept up for a retry acknowledges the stop and re-runs its step with the others;

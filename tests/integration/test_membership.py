@@ -97,3 +97,6 @@ def test_every_survivor_waits_for_the_returning_ranks_and_their_marks_are_theirs
     _at_once([lambda m=m: m.publish("upgrade of ranks [3]") for m in ranks[:3]])
     assert [m.seat(1) for m in ranks] == [(r, WORLD) for r in range(WORLD)]
     assert stores[0].peek("ready/3") is None  # seated: rank 3 cleared its own mark for the next upgrade
+    # A survivor told late (its agent relayed the upgrade after the others had published, or again
+    # after a restart) finds no mark, yet rank 3 is seated: it is ready, no wait.
+    assert ranks[0].wait_ready([3], 5.0, consume=False) == [3]

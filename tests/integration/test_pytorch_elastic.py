@@ -31,6 +31,9 @@ ELASTIC = str(ROOT / "examples" / "elastic_train.py")
 #: torch import each, on a loaded 2-core machine) have trained a step with the survivors.
 SLOW_RECOVER = ("--recover-timeout", "40")
 ELASTIC_STEPS = 150
+#: Until the job trains: its four ranks and two warm-start servers import torch at once, and with
+#: another such job beside it (make test's two workers) that took over 40 s on a 2-core machine.
+START_S = 120
 DONE = re.compile(r"^rank (\d+) step (\d+) done ([\d.]+) pid (\d+) world (\d+) loss ([\d.]+)", re.M)
 
 
@@ -84,19 +87,19 @@ def test_the_world_shrinks_to_two_ranks_and_grows_back_to_four(cluster: Cluster,
     cluster.strategy()
     for node, node_rank in (("node-a", 0), ("node-b", 1)):
         cluster.agent(job, node, nproc=2, nnodes=2, node_rank=node_rank, strategies=strategies, worker=worker)
-    before = cluster.wait_running(job, 4, timeout=40)
+    before = cluster.wait_running(job, 4, timeout=START_S)
     if via_agent:
         cluster.wait_for(
             "both agents to answer for their ranks",
             lambda: _agents_answer_for_their_ranks(cluster, job, ("node-a", "node-b"), ["elastic-training", "exit"]),
-            timeout=40,
+            timeout=START_S,
         )
         assert not cluster.view(job).clients  # no DLRecoverManager anywhere: the agents speak for the ranks
     else:
-        cluster.wait_for("rank 0 to register as the job's client", lambda: cluster.view(job).clients, timeout=40)
+        cluster.wait_for("rank 0 to register as the job's client", lambda: cluster.view(job).clients, timeout=START_S)
     kill_at = 30  # the model has learnt something by then: a fresh one would show in the loss
     cluster.wait_for(
-        f"step {kill_at}", lambda: any(s >= kill_at for s, _, _ in _steps(_log(cluster, job, "node-b", 3))), 40
+        f"step {kill_at}", lambda: any(s >= kill_at for s, _, _ in _steps(_log(cluster, job, "node-b", 3))), START_S
     )
     start = cluster.view(job).revision + 1
 
@@ -187,11 +190,11 @@ def test_a_dump_saves_every_rank_and_the_restarted_job_resumes_from_it(cluster: 
     cluster.coordinator(extra=SLOW_RECOVER)
     cluster.strategy()
     cluster.agent(job, "node0", nproc=4, strategies="dump,exit", worker=worker)
-    before = cluster.wait_running(job, 4, timeout=40)
-    cluster.wait_for("rank 0 to register as the job's client", lambda: cluster.view(job).clients, timeout=40)
+    before = cluster.wait_running(job, 4, timeout=START_S)
+    cluster.wait_for("rank 0 to register as the job's client", lambda: cluster.view(job).clients, timeout=START_S)
     target = 10
     cluster.wait_for(
-        f"step {target}", lambda: any(s >= target for s, _, _ in _steps(_log(cluster, job, "node0", 2))), 40
+        f"step {target}", lambda: any(s >= target for s, _, _ in _steps(_log(cluster, job, "node0", 2))), START_S
     )
 
     os.kill(before[2].pid, signal.SIGKILL)

@@ -20,7 +20,7 @@ from recoverd.records import pb
 
 from .cluster import Cluster
 from .history import report_writes, writes_between
-from .test_pytorch_elastic import _elastic_worker, _log  # noqa: F401  (_elastic_worker: an autouse fixture)
+from .test_pytorch_elastic import START_S, _elastic_worker, _log  # noqa: F401  (_elastic_worker: an autouse fixture)
 
 pytest.importorskip("torch", reason="PyTorch is not installed (pip install -r requirements-torch.txt)")
 
@@ -49,7 +49,7 @@ def test_a_dump_through_the_agents_saves_every_rank_and_the_job_resumes_from_it(
     nodes = ("node-a", "node-b")
     for node_rank, node in enumerate(nodes):
         cluster.agent(job, node, nproc=2, nnodes=2, node_rank=node_rank, strategies="dump,exit", worker=worker)
-    before = cluster.wait_running(job, 4, timeout=40)
+    before = cluster.wait_running(job, 4, timeout=START_S)
 
     def declared() -> bool:
         view = cluster.view(job)
@@ -58,13 +58,15 @@ def test_a_dump_through_the_agents_saves_every_rank_and_the_job_resumes_from_it(
             for n in nodes
         )
 
-    cluster.wait_for("both agents to answer for their ranks", declared, timeout=40)
+    cluster.wait_for("both agents to answer for their ranks", declared, timeout=START_S)
     view = cluster.view(job)
     assert not view.clients  # no DLRecoverManager anywhere: the agents speak for the ranks
     assert view.run is not None
     run: RunRef = view.run
     target = 8
-    cluster.wait_for(f"step {target}", lambda: any(s >= target for s in _steps(_log(cluster, job, "node-b", 3))), 40)
+    cluster.wait_for(
+        f"step {target}", lambda: any(s >= target for s in _steps(_log(cluster, job, "node-b", 3))), START_S
+    )
     start = view.revision + 1
 
     os.kill(before[3].pid, signal.SIGKILL)

@@ -182,6 +182,8 @@ def test_messages_round_trip() -> None:
         # A rank reports only a retryable fault of its own, under an id that can go into a key.
         json.dumps({"v": 1, "op": "fault", "id": "a", "type": "1"}).encode(),
         json.dumps({"v": 1, "op": "fault", "id": "a", "type": 0}).encode(),
+        json.dumps({"v": 1, "op": "fault", "id": "a", "type": []}).encode(),
+        json.dumps({"v": 1, "op": "fault", "id": ["a"], "type": "0"}).encode(),
         json.dumps({"v": 1, "op": "fault", "id": "", "type": "0"}).encode(),
         json.dumps({"v": 1, "op": "fault", "id": "../x", "type": "0"}).encode(),
         json.dumps({"v": 1, "op": "fault", "id": "é", "type": "0"}).encode(),

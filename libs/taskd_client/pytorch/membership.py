@@ -91,13 +91,23 @@ class Membership:
         deadline = time.monotonic() + timeout_s
         delay = POLL_MIN_S
         while True:
-            ready = [r for r in ranks if self.store.seen(f"ready/{r}") is not None]
+            # Seated already counts as ready: a survivor told late (its agent relayed the upgrade
+            # after another's ranks had published, or again after a restart) finds the marks gone.
+            seated = self._current_world()
+            ready = [r for r in ranks if r in seated or self.store.seen(f"ready/{r}") is not None]
             if len(ready) == len(ranks) or time.monotonic() >= deadline:
                 for r in ready if consume else ():
                     self.store.delete_key(f"ready/{r}")
                 return ready
             time.sleep(delay)
             delay = min(delay * 2, POLL_MAX_S)
+
+    def _current_world(self) -> set[int]:
+        """The ranks of the current generation's pinned world, as the store's watched copy has
+        them (empty when it is not pinned yet)."""
+        number = self.store.seen("gen")
+        world = self.store.seen(f"g{int(number)}/world") if number is not None else None
+        return {int(r) for r in json.loads(world)} if world else set()
 
     def publish(self, why: str) -> tuple[int, list[int], bool]:
         """The controller's side, after the record changed: (current generation, live ranks, whether

@@ -174,12 +174,15 @@ class RecoveryProtocol:
             self._tag.world = new
             if old is not None:
                 self._changed(trainer, old, new)
-        if self._retry_answer is not None and trainer.group.generation > self._retry_answer[0]:
-            with self._cond:
-                _, uuid, reply = self._retry_answer
+        with self._cond:
+            retried = self._retry_answer
+            if retried is not None and trainer.group.generation > retried[0]:
                 self._retry_answer = None
-                self._retried.add(uuid)
-            reply(0, "")
+                self._retried.add(retried[1])
+            else:
+                retried = None
+        if retried is not None:
+            retried[2](0, "")  # formed the next generation: the step is rolled back everywhere
         if (self.relay is not None or self.link is not None) and self._formed[0] != trainer.group.generation:
             with self._cond:
                 self._formed = (trainer.group.generation, list(self._seated))
@@ -283,8 +286,8 @@ class RecoveryProtocol:
         it and wait until recoverd decides ``retry`` (the rank then rolls back with the others);
         should recoverd choose a costlier strategy, this rank is restarted meanwhile. What to say
         in the rank's event line; "" when recoverd is not asked (no agent link: roll back at once)."""
-        if self.link is None:
-            return ""
+        if self.link is None or "retry" not in self.offer:
+            return ""  # recoverd would only restart this rank: roll back at once, as without recoverd
         self._faults += 1
         fault_id = f"g{trainer.group.generation}s{trainer.step}n{self._faults}"
         told = threading.Event()
@@ -307,11 +310,18 @@ class RecoveryProtocol:
             if signal.uuid in self._retried:
                 reply(0, "")  # done already: the signal came again (the agent restarted)
                 return
+            pending = self._retry_answer
+            if pending is not None and pending[1] == signal.uuid:
+                # Again while this rank carries it out (the agent restarted): answer the new
+                # signal when done; aborting again would abort the generation just formed.
+                self._retry_answer = (pending[0], signal.uuid, reply)
+                return
             told, self._retry_told = self._retry_told, None
-        number = self._trainer.group.generation
-        self._membership.abort(number, f"retry {signal.uuid}")
-        with self._cond:
+            number = self._trainer.group.generation
+            # Before the abort: a peer released by it may re-form before this thread runs on.
             self._retry_answer = (number, signal.uuid, reply)
+        if number >= 0:  # -1: between generations, this rank forms the next one anyway
+            self._membership.abort(number, f"retry {signal.uuid}")
         self._interrupt(f"retry {signal.uuid}")
         if told is not None:
             told.set()  # this rank raised the fault: it rolls back now

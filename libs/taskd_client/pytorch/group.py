@@ -4,8 +4,9 @@ gloo has no abort: a rank blocked in a collective with a dead peer waits out the
 and ``destroy_process_group`` does not release it (measured: rank 0 stayed blocked 30 s). So the
 survivors never wait on a collective they cannot leave (docs/adr/0017):
 
-* every collective is issued asynchronously and polled (``work.is_completed()``) while the rank
-  watches its generation's **abort key** in the rendezvous store (etcd);
+* every collective is issued asynchronously and waited for in slices of ABORT_CHECK_S (gloo's
+  bounded ``wait``, which returns the moment it completes; NCCL's ``is_completed()`` polled)
+  while the rank watches its generation's **abort key** in the rendezvous store (etcd);
 * the first rank that sees a collective fail (gloo reports a reset connection in ~10 ms) sets the
   abort key, which releases every other rank within a poll interval, including one whose own
   collective would only have timed out;
@@ -29,6 +30,7 @@ overlap of communication with the backward pass, and a rank is never stuck in ``
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -46,7 +48,10 @@ from taskd_client.pytorch.store import EtcdStore, GenerationAborted
 __all__ = ["GroupFailed", "ResilientGroup", "parse_backend"]
 
 ABORT_CHECK_S = 0.005
+_ABORT_CHECK = timedelta(seconds=ABORT_CHECK_S)
 POLL_MIN_S = 0.00002
+#: The first poll interval of a collective the rank waits for by polling (NCCL's).
+POLL_START_S = 0.0001
 POLL_MAX_S = 0.001
 #: A collective pending this long is told to the agent's hang detector (once per collective).
 WAITING_REPORT_S = 0.5
@@ -385,9 +390,10 @@ class ResilientGroup:
         return finished
 
     def _watch_pending(self) -> None:
-        """The collectives of DDP's hook: complete their futures as soon as they are done (polled
-        from POLL_MIN_S, backing off to POLL_MAX_S), fail them when their generation's abort key
-        appears (another rank saw the failure), and tell the hang detector when this rank waits.
+        """The collectives of DDP's hook: complete their futures as soon as they are done (gloo's:
+        a bounded wait on the oldest; others polled from POLL_MIN_S, backing off to POLL_MAX_S),
+        fail them when their generation's abort key appears (another rank saw the failure), and
+        tell the hang detector when this rank waits.
         As in :meth:`_wait`, a collective done within ABORT_CHECK_S never costs an etcd read."""
         said_waiting = False
         delay = POLL_MIN_S
@@ -415,29 +421,60 @@ class ResilientGroup:
                 for number in sorted({entry.generation for entry in pending.values()}):
                     if self.store.seen_or_none(f"g{number}/abort"):
                         self._fail_pending(number, "another rank aborted it")
+            oldest = min(pending.values(), key=lambda entry: entry.issued_at)
+            # Not while the interpreter shuts down: a daemon thread woken in C++ then cannot take
+            # the GIL back (see allreduce_future); there the poll below is safe.
+            if self._can_block(oldest.tensor) and threading.main_thread().is_alive():
+                # gloo runs a group's collectives in order: the oldest completes first. Its bounded
+                # wait returns the moment it does (polling woke up to POLL_MAX_S late), and at the
+                # latest when the abort key is due to be read again.
+                with contextlib.suppress(RuntimeError):
+                    oldest.work.wait(_ABORT_CHECK)
+                continue
             time.sleep(delay)
             delay = min(delay * 2, POLL_MAX_S)
 
-    def _wait(self, work: dist.Work, what: str) -> None:
+    def _can_block(self, tensor: torch.Tensor) -> bool:
+        """Whether a collective of ``tensor`` runs on gloo, whose bounded ``wait`` returns the
+        moment it completes and, on timeout, leaves it running (NCCL's does not block the host:
+        its collectives are polled)."""
+        return not tensor.is_cuda and self.backends.get("cpu") == "gloo"
+
+    @staticmethod
+    def _settled(work: dist.Work, block: bool, delay: float) -> bool:
+        """Whether ``work`` has completed (or failed), after waiting for it up to ABORT_CHECK_S.
+        ``block``: in the backend's own wait, woken the moment it completes (a poll woke up to
+        POLL_MAX_S late: ~0.5 ms per collective); else by polling from ``delay``."""
+        if block:
+            try:
+                work.wait(_ABORT_CHECK)
+                return True
+            except RuntimeError:  # "Operation timed out!" (the work goes on), or it failed
+                return bool(work.is_completed())
+        deadline = time.monotonic() + ABORT_CHECK_S
+        while not work.is_completed():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, POLL_MAX_S)
+        return True
+
+    def _wait(self, work: dist.Work, what: str, tensor: torch.Tensor) -> None:
         number = self.generation
         started = time.monotonic()
-        next_check = started + ABORT_CHECK_S
         said_waiting = False
-        delay = 0.0001
-        while not work.is_completed():
-            now = time.monotonic()
-            if not said_waiting and now - started >= WAITING_REPORT_S:
+        block = self._can_block(tensor)
+        delay = POLL_START_S
+        while not self._settled(work, block, delay):
+            delay = POLL_MAX_S  # polled: it is a long wait now
+            if not said_waiting and time.monotonic() - started >= WAITING_REPORT_S:
                 # If this rank is found hung now, it is likelier a peer's victim than the culprit.
                 progress.waiting()
                 said_waiting = True
-            if now >= next_check:
-                # An etcd hiccup is "don't know": keep polling the collective itself.
-                if self.store.seen_or_none(f"g{number}/abort"):
-                    self.abort(f"{what} released: generation {number} aborted")
-                    raise GroupFailed(f"generation {number} aborted during {what}")
-                next_check = now + ABORT_CHECK_S
-            time.sleep(delay)
-            delay = min(delay * 2, POLL_MAX_S)
+            # An etcd hiccup is "don't know": keep waiting for the collective itself.
+            if self.store.seen_or_none(f"g{number}/abort"):
+                self.abort(f"{what} released: generation {number} aborted")
+                raise GroupFailed(f"generation {number} aborted during {what}")
         try:
             work.wait()
         except RuntimeError as err:
@@ -446,16 +483,16 @@ class ResilientGroup:
 
     def allreduce_(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` over every rank, in place."""
-        self._wait(self._pg().allreduce([tensor]), "allreduce")
+        self._wait(self._pg().allreduce([tensor]), "allreduce", tensor)
         return tensor
 
     def broadcast_(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
-        self._wait(self._pg().broadcast(tensor, src), "broadcast")
+        self._wait(self._pg().broadcast(tensor, src), "broadcast", tensor)
         return tensor
 
     def allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         out = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        self._wait(self._pg().allgather([out], [tensor]), "allgather")
+        self._wait(self._pg().allgather([out], [tensor]), "allgather", tensor)
         return out
 
     def close(self) -> None:

@@ -980,6 +980,11 @@ class LeaseKeeper:
         asked = time.monotonic()
         self.id, granted = await self.store._grant_ttl(self.ttl)
         self._granted = (asked, time.monotonic())
+        if self.store._abandoned:
+            # etcd did not answer the revoke in time (it was restarting: under load that outlasts
+            # one op timeout) but has answered the grant: revoke now, before the lease is handed
+            # out, so a given-up lease's keys (a leader key) never outlive the new lease's start.
+            await self.store._revoke_abandoned()
         if granted != self.ttl:
             # etcd raises a TTL below its minimum (1.5 x its election timeout): liveness is then
             # judged by what was granted, and said once, never silently.

@@ -116,8 +116,7 @@ class Membership:
         number = int(self.store.compare_set("gen", "", "0"))
         if self._pin(number, live) == live:
             return number, live, False
-        self.store.compare_set(f"g{number}/abort", "", why[:200])
-        self.store.compare_set("gen", str(number), str(number + 1))
+        self.abort(number, why)
         return number, live, True
 
     def is_aborted(self, number: int) -> bool:
@@ -132,6 +131,5 @@ class Membership:
     def abort_current(self, why: str) -> int:
         """Abort whatever generation is current (a dump: every rank must leave the loop)."""
         number = int(self.store.compare_set("gen", "", "0"))
-        self.store.compare_set(f"g{number}/abort", "", why[:200])
-        self.store.compare_set("gen", str(number), str(number + 1))
+        self.abort(number, why)
         return number

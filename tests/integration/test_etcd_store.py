@@ -108,3 +108,45 @@ def test_seen_is_the_watched_copy(store: EtcdStore, etcd_endpoint: str) -> None:
         assert store.seen_or_none("g1/abort") is False
     finally:
         other.close()
+
+
+def test_a_key_the_watch_holds_is_read_with_no_etcd_request(store: EtcdStore, etcd_endpoint: str) -> None:
+    """gloo's connect reads every peer's address: each read was an etcd request on a replacement's
+    critical path; set before the read, they are in the watched copy."""
+    _watch_live(store)
+    other = EtcdStore(etcd_endpoint, store._prefix)
+    try:
+        other.multi_set(["pg/0", "pg/2"], ["addr0", "addr2"])
+        deadline = time.monotonic() + 10
+        while store.watched("pg/2") != (True, b"addr2"):
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        reads = 0
+        read_now = store._get_now
+
+        def counted(key: str) -> bytes | None:
+            nonlocal reads
+            reads += 1
+            return read_now(key)
+
+        store._get_now = counted  # type: ignore[method-assign]
+        store.wait(["pg/0", "pg/2"])
+        assert store.get("pg/0") == b"addr0" and store.multi_get(["pg/0", "pg/2"]) == [b"addr0", b"addr2"]
+        assert reads == 0
+        store.set("own", "x")
+        assert store.get("own") == b"x"  # written a moment ago, maybe not in the copy yet: etcd, once
+        assert reads <= 1
+    finally:
+        other.close()
+
+
+def test_put_if_writes_only_when_every_condition_holds(store: EtcdStore) -> None:
+    store.set("gen", "3")
+    assert not store.put_if("g3/member/1", "a", absent=("g3/abort",), equal={"gen": "2"})  # gen moved on
+    store.set("g3/abort", "peer died")
+    assert not store.put_if("g3/member/1", "a", absent=("g3/abort",), equal={"gen": "3"})  # aborted
+    assert store.peek("g3/member/1") is None
+    store.delete_key("g3/abort")
+    assert store.put_if("g3/member/1", "a", absent=("g3/member/1", "g3/abort"), equal={"gen": "3"})
+    assert not store.put_if("g3/member/1", "b", absent=("g3/member/1",))  # the seat is taken
+    assert store.peek("g3/member/1") == b"a"

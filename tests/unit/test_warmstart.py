@@ -59,6 +59,7 @@ def test_auto_preloads_the_framework_the_script_imports(tmp_path: Path) -> None:
 
     assert preload("torch_job.py")[0] == "torch"
     assert "taskd_client.pytorch" in preload("torch_job.py") and "torch.distributed" in preload("torch_job.py")
+    assert "taskd_client.stackdump" in preload("torch_job.py")  # the first progress report imports it
     assert preload("plain.py") == []
     assert preload("only_client.py") == []  # the recovery client alone is no framework
     assert preload("-m", "pkg.train") == ["mindspore"]

@@ -198,11 +198,9 @@ class ResilientTrainer:
         self.protocol = protocol
         if protocol is not None:
             protocol.attach(self)
-        loaded = load_state() if load_state else None
-        if loaded is not None:
-            self.step, state = loaded
-            self._load(state)
-            self._state = _FROM_DISK
+        #: ``load_state``, not called yet: a fresh rank reads its checkpoint only when no peer
+        #: holds live state (:meth:`_sync`); a replacement whose survivors do never reads it.
+        self._load_state = load_state
         self._recover("start")
 
     # ------------------------------------------------------------------ the loop
@@ -396,6 +394,21 @@ class ResilientTrainer:
         tensor.div_(self.world_size)
         return self.group.allreduce_future(tensor)
 
+    def _holding(self, device: torch.device) -> torch.Tensor:
+        """What this rank says in :meth:`_sync`: the kind of state it holds, its step, and whether
+        it has a checkpoint it has not read (``load_state``; read only if no rank holds live state:
+        reading it is on a replacement's critical path, ~10 ms on a loaded node for a small model)."""
+        pending = int(self._load_state is not None)
+        return torch.tensor([self._state, self.step, pending], dtype=torch.int64, device=device)
+
+    def _read_checkpoint(self) -> None:
+        load_state, self._load_state = self._load_state, None
+        loaded = load_state() if load_state is not None else None
+        if loaded is not None:
+            self.step, state = loaded
+            self._load(state)
+            self._state = _FROM_DISK
+
     def _sync(self) -> int:
         """Agree on the step and copy the state from the lowest-numbered rank at it.
 
@@ -404,8 +417,11 @@ class ResilientTrainer:
         is the lowest a holder has completed; every other rank, one that was ahead included, takes
         the source's state."""
         device = self.group.device
-        mine = torch.tensor([self._state, self.step], dtype=torch.int64, device=device)
-        everyone = self.group.allgather(mine)
+        everyone = self.group.allgather(self._holding(device))
+        if any(int(t[2]) for t in everyone) and max(int(t[0]) for t in everyone) != _LIVE:
+            # No live state anywhere: the ranks with a checkpoint to read read it, and say again.
+            self._read_checkpoint()
+            everyone = self.group.allgather(self._holding(device))
         best = max(int(t[0]) for t in everyone)
         holders = [r for r, t in enumerate(everyone) if int(t[0]) == best]
         resume = min(int(everyone[r][1]) for r in holders) if best != _NONE else 0
@@ -421,4 +437,5 @@ class ResilientTrainer:
             self._load(_from_bytes(blob, self._state_device()))
         self.step = resume
         self._state = _LIVE
+        self._load_state = None  # live state from now on: a later recovery never reads the disk
         return source

@@ -69,8 +69,9 @@ class Timeouts:
     recover_s: float = 60.0
     #: COLLECTING also ends this long after the last fault arrived (0: only the window ends it).
     #: A burst (a node's ranks, a collective's cascade) arrives within milliseconds; waiting out the
-    #: whole window after it only delays the recovery (docs/adr/0033).
-    fault_settle_s: float = 0.03
+    #: whole window after it only delays the recovery (docs/adr/0034: 10 ms since issue 15's stop 23,
+    #: the largest wait of a recover-in-place's control plane at 30 ms).
+    fault_settle_s: float = 0.01
 
     def collect_deadline(self, opened_at: float, last_fault_at: float) -> float:
         """When COLLECTING ends: ``fault_settle_s`` after the last fault, at most ``fault_window_s``

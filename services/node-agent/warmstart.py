@@ -242,7 +242,8 @@ class WarmStart:
         # Room for a forked rank to show its own command line and environment (warmstart_server.show_as_rank).
         env[ROOM_ENV] = "." * ENV_ROOM
         argv = [command.interpreter, *command.options, SERVER, "--fd", str(theirs.fileno()), "--path0", path0,
-                "--preload", modules, "--room", "." * ARGV_ROOM]  # fmt: skip
+                "--preload", modules, "--job-nice", str(priority.current().job_nice),
+                "--room", "." * ARGV_ROOM]  # fmt: skip
         out = None
         try:
             if self._log_path:

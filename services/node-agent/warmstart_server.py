@@ -14,6 +14,12 @@ Why it is safe, and where it is not:
   a fork. Importing modules starts no thread; running any computation would, so the server never
   computes. numpy's OpenBLAS starts a thread pool when it loads: the agent starts the server with
   ``OPENBLAS_NUM_THREADS=1`` unless the job sets it (then, with a pool, forks are refused).
+* **A standby runs one thread besides its main one.** A standby unused for
+  ``MAKE_AHEAD_AFTER_S`` makes the rendezvous store its rank's trainer will ask for (connected to
+  etcd, following the run's rendezvous prefix) when ``taskd_client.pytorch`` is preloaded: a
+  replacement then pays for no connection on the recovery's critical path. A standby never forks;
+  it waits at the job's priority; becoming a rank it sets every thread's priority to the rank's and
+  changes only the environment variables that differ.
 * **The rank is not our child.** The server forks an intermediate process that forks the rank and
   exits at once, so the rank is re-parented to the agent (a child subreaper): the agent reaps it
   and reads its real exit status as for a rank it started itself. The rank leads a new session
@@ -37,12 +43,14 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import ctypes
 import gc
 import importlib
 import json
 import os
 import runpy
+import select
 import signal
 import socket
 import sys
@@ -201,12 +209,56 @@ def _exit_status(err: SystemExit) -> int:
     return 1
 
 
+def make_ahead() -> None:
+    """In a standby that has waited a while: make the rendezvous store the rank's recoverd trainer
+    asks for first (``taskd_client.pytorch.store.make_ahead``: connected, following the run's
+    rendezvous prefix), when the server preloaded that client. The replacement's first etcd
+    requests, on the recovery's critical path, then pay for no connection and its join of the next
+    generation is one request. Never fails the standby: without it the rank connects as usual."""
+    store = sys.modules.get("taskd_client.pytorch.store")
+    endpoints, job, run = (os.environ.get(k) for k in ("RECOVERD_ETCD", "RECOVERD_JOB", "RECOVERD_RUN"))
+    if store is None or not (endpoints and job and run):
+        return
+    try:
+        from recoverd.keys import Keyspace, RunRef
+
+        keys = Keyspace(os.environ.get("RECOVERD_PREFIX") or Keyspace().prefix)
+        prefix = keys.rendezvous_prefix(RunRef(job, run))
+        store.make_ahead(endpoints, prefix)
+        print(f"warm-start standby {os.getpid()}: etcd store made ahead ({prefix})", flush=True)
+    except Exception as err:  # a bad variable, say: the rank will report it itself
+        print(f"warm-start standby {os.getpid()}: no store made ahead: {err!r}", file=sys.stderr, flush=True)
+
+
+def _set_priority(nice: int) -> None:
+    """Every thread of this process at ``nice``: Linux sets it per thread, and threads the standby
+    started (its store's) may run at another priority."""
+    try:
+        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
+    except OSError:
+        threads = [0]
+    for tid in threads:
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+
+
+def _take_environment(env: dict[str, str]) -> None:
+    """``os.environ`` becomes ``env``, changing only what differs: a standby's store thread may be
+    running (make_ahead), and each setenv or unsetenv is a moment in which C code reading the
+    environment on another thread could see it half-written; the rank's variables are a few."""
+    for key in [key for key in os.environ if key not in env]:
+        del os.environ[key]
+    for key, value in env.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
+
+
 def become_rank(request: dict[str, Any], server_fd: int) -> None:
     """In the forked rank: take the rank's identity, run the script, exit as Python would. Never returns."""
     code = 1
     try:
         if "nice" in request:  # the server may run ahead of the job for the CPU; the rank must not
-            os.setpriority(os.PRIO_PROCESS, 0, int(request["nice"]))
+            _set_priority(int(request["nice"]))
         if server_fd >= 0:
             os.close(server_fd)
         os.setsid()
@@ -222,8 +274,7 @@ def become_rank(request: dict[str, Any], server_fd: int) -> None:
             os.dup2(target, 1)
             os.dup2(target, 2)
             os.close(target)
-        os.environ.clear()
-        os.environ.update(request["env"])
+        _take_environment(request["env"])
         show_as_rank(request.get("cmdline") or [], request["env"])
         if request.get("cwd"):
             os.chdir(request["cwd"])
@@ -294,6 +345,9 @@ def _double_fork(child: Any) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+#: A standby makes its rank's etcd store (make_ahead) once it has waited this long unused: not in a
+#: burst of replacements, where it would take the CPU from the one just started.
+MAKE_AHEAD_AFTER_S = 0.5
 #: In a standby's command line (``ps``), before the server's pid.
 STANDBY_FLAG = "--standby-of"
 
@@ -304,8 +358,9 @@ class Standby:
     process with torch imported, on the recovery's critical path). It is forked again after each
     use, once the answer has been sent. It exits when the server does (the pipe's end closes)."""
 
-    def __init__(self, server_fd: int) -> None:
+    def __init__(self, server_fd: int, job_nice: int | None = None) -> None:
         self.server_fd = server_fd
+        self.job_nice = job_nice
         self.pid: int | None = None
         self._write_fd: int | None = None
 
@@ -322,6 +377,12 @@ class Standby:
             if areas is not None:  # ps tells it from the server: "... warmstart_server.py --standby-of N"
                 shown = (sys.executable, os.path.abspath(__file__), STANDBY_FLAG, str(server))
                 _rewrite(areas[0], [part.encode(errors="surrogateescape") for part in shown])
+            if self.job_nice is not None:  # waiting, it is the job's; the server runs ahead of it
+                _set_priority(self.job_nice)
+            # A request in the first moments (a burst of replacements) is served at once; a standby
+            # still waiting afterwards makes its rank's store, off any recovery's critical path.
+            if not select.select([read_fd], [], [], MAKE_AHEAD_AFTER_S)[0]:
+                make_ahead()
             try:
                 raw = _read_all(read_fd)
                 request = json.loads(raw) if raw else None
@@ -370,7 +431,7 @@ def fork_rank(request: dict[str, Any], server_fd: int, standby: Standby | None =
     return {"pid": pid}
 
 
-def serve(sock: socket.socket, modules: list[str]) -> int:
+def serve(sock: socket.socket, modules: list[str], job_nice: int | None = None) -> int:
     loaded, failed = preload(modules)
     warmed_up = "torch" in loaded and fork_hazard() is None and warm_up_is_safe()
     if warmed_up:
@@ -387,7 +448,7 @@ def serve(sock: socket.socket, modules: list[str]) -> int:
         "hazard": fork_hazard(),
     }
     sock.sendall((json.dumps(hello) + "\n").encode())
-    standby = Standby(sock.fileno())
+    standby = Standby(sock.fileno(), job_nice)
     standby.replenish()
     for line in reader:
         try:
@@ -405,13 +466,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fd", type=int, required=True, help="the socket inherited from the agent")
     parser.add_argument("--path0", default="", help="sys.path[0] as the job's command would have it")
     parser.add_argument("--preload", default="", help="modules to import, comma-separated")
+    parser.add_argument(
+        "--job-nice", type=int, default=None, help="the job's nice value: a standby waits at it (not at the server's)"
+    )
     parser.add_argument("--room", default="", help="padding: room for a rank's command line (show_as_rank)")
     args = parser.parse_args(argv)
     # This file's directory must not shadow the job's modules (agent.py, settings.py, ...).
     sys.path[0] = args.path0 or os.getcwd()
     sock = socket.socket(fileno=args.fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C at the terminal is the agent's to handle
-    return serve(sock, [m for m in args.preload.split(",") if m])
+    return serve(sock, [m for m in args.preload.split(",") if m], args.job_nice)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import pytest
 
 torch_distributed = pytest.importorskip("torch.distributed", reason="PyTorch is not installed")
 
+from taskd_client.pytorch import store as store_module  # noqa: E402
 from taskd_client.pytorch.store import EtcdStore, GenerationAborted  # noqa: E402
 
 pytestmark = pytest.mark.etcd
@@ -150,3 +151,33 @@ def test_put_if_writes_only_when_every_condition_holds(store: EtcdStore) -> None
     assert store.put_if("g3/member/1", "a", absent=("g3/member/1", "g3/abort"), equal={"gen": "3"})
     assert not store.put_if("g3/member/1", "b", absent=("g3/member/1",))  # the seat is taken
     assert store.peek("g3/member/1") == b"a"
+
+
+def test_a_store_made_ahead_is_taken_once_by_the_same_prefix(etcd_endpoint: str, key_prefix: str) -> None:
+    """A warm-start standby makes its rank's store while it waits; the rank's trainer takes it,
+    connected and in step, only if it is for the same etcd and prefix; it is never shared."""
+    prefix = f"{key_prefix}/rendezvous/j/r/"
+    store_module.make_ahead(etcd_endpoint, prefix)
+    made = store_module._ahead
+    assert made is not None and made.made_ahead
+    _watch_live(made)
+    other = store_module.open_store(etcd_endpoint, f"{key_prefix}/rendezvous/j/another-run/")
+    try:
+        assert other is not made and not other.made_ahead  # another run's: a new store
+        assert made._loop.loop.is_closed()  # the one made ahead is closed, not leaked
+        assert store_module._ahead is None
+    finally:
+        other.close()
+
+    store_module.make_ahead(etcd_endpoint, prefix)
+    made = store_module._ahead
+    taken = store_module.open_store(etcd_endpoint, prefix, timeout=timedelta(seconds=7))
+    fresh = store_module.open_store(etcd_endpoint, prefix)
+    try:
+        assert taken is made and taken.timeout == timedelta(seconds=7)
+        assert fresh is not made and not fresh.made_ahead  # taken once
+        taken.set("k", "v")
+        assert fresh.get("k") == b"v"
+    finally:
+        taken.close()
+        fresh.close()

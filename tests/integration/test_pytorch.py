@@ -56,6 +56,11 @@ def _final(text: str, rank: int) -> str | None:
     return found.group(1) if found else None
 
 
+def _warm_log(cluster: Cluster, job: str, node: str = "node0") -> str:
+    path = Path(cluster.workdir) / f"logs-{job}-{node}" / "warm-start.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
 def _warm_server_ready(cluster: Cluster) -> bool:
     """Whether the agent's warm-start server has said it is ready (the agent logs it once)."""
     logs = cluster.logs()
@@ -117,6 +122,8 @@ def test_a_killed_rank_is_replaced_and_the_survivors_carry_on(
     # server imports torch beside four ranks that do the same, and under load it can be ready
     # only after training has begun (make test in CI killed rank 1 before it was).
     cluster.wait_for("the warm-start server", lambda: _warm_server_ready(cluster), timeout=120)
+    # Its standby (the replacement to be) makes its rank's etcd store once it has waited a while.
+    cluster.wait_for("the standby's store", lambda: "etcd store made ahead" in _warm_log(cluster, job), timeout=60)
     # Then somewhere in the first half of what is left, at a random moment within a step.
     now = max(_done_steps(_log(cluster, job, victim), victim), default=-1)
     target = random.randrange(max(5, now + 2), max(STEPS // 2, now + 3))
@@ -138,8 +145,10 @@ def test_a_killed_rank_is_replaced_and_the_survivors_carry_on(
         assert set(_done_steps(text, r)) == set(range(STEPS))
     # Bitwise the same model as the fault-free run, in every rank (the replacement included).
     assert finals == dict.fromkeys(range(WORLD), reference)
-    # The replacement was forked from the warm-start server (torch imported there beforehand).
+    # The replacement was forked from the warm-start server (torch imported there beforehand), and
+    # it took the standby's etcd store (connected and in step with the rendezvous keys already).
     assert "(warm start) ====" in _log(cluster, job, victim)
+    assert "(start; etcd store made ahead)" in _log(cluster, job, victim)
     view = cluster.view(job)
     assert [(o.strategy, o.ok) for o in view.history.outcomes] == [("recover-in-place", True)]  # type: ignore[union-attr]
 

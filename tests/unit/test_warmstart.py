@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,23 @@ def test_auto_preloads_the_framework_the_script_imports(tmp_path: Path) -> None:
     assert preload("broken.py") == [] and preload("missing.py") == []
     assert preload_list("numpy, scipy ,", parse_command(["python", "plain.py"]), cwd) == ["numpy", "scipy"]  # type: ignore[arg-type]
     assert frameworks_imported(None) == []
+
+
+def test_a_forked_rank_takes_its_environment_changing_only_what_differs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A standby's store thread may read the environment while its rank takes its own: the rank's
+    variables are set, the server's padding removed, the rest left untouched (no unset-and-set)."""
+    from recoverd.agent import warmstart_server
+
+    for key in list(os.environ):
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("PATH", "/bin")
+    monkeypatch.setenv("RECOVERD_WARM_START_ROOM", "....")
+    monkeypatch.setenv("RANK", "0")
+    written: list[str] = []
+    monkeypatch.setattr(os, "putenv", lambda key, value: written.append(os.fsdecode(key)))
+    monkeypatch.setattr(os, "unsetenv", lambda key: written.append("-" + os.fsdecode(key)))
+
+    warmstart_server._take_environment({"PATH": "/bin", "RANK": "3", "LOCAL_RANK": "3"})
+
+    assert dict(os.environ) == {"PATH": "/bin", "RANK": "3", "LOCAL_RANK": "3"}
+    assert sorted(written) == ["-RECOVERD_WARM_START_ROOM", "LOCAL_RANK", "RANK"]

@@ -59,7 +59,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from recoverd.keys import Keyspace, RunRef
 from taskd_client import progress
 from taskd_client.pytorch.group import GroupFailed, ResilientGroup, parse_backend
-from taskd_client.pytorch.store import EtcdStore
+from taskd_client.pytorch.store import open_store
 
 if TYPE_CHECKING:
     from taskd_client.pytorch.protocol import RecoveryProtocol
@@ -173,7 +173,7 @@ class ResilientTrainer:
         self.world_size = self.env.world_size
         self._on_event = on_event or (lambda text: log.info("%s", text))
         prefix = Keyspace(self.env.prefix).rendezvous_prefix(RunRef(self.env.job, self.env.run))
-        self.store = EtcdStore(self.env.etcd, prefix, timeout=timeout)
+        self.store = open_store(self.env.etcd, prefix, timeout=timeout)
         self.group = ResilientGroup(
             self.store, self.rank, self.world_size, timeout=timeout, backend=backend or default_backend()
         )
@@ -343,8 +343,9 @@ class ResilientTrainer:
                 self._emit(f"rank {self.rank}: generation failed while recovering ({err}); forming the next")
         if why != "start":
             self.recoveries += 1
+        ahead = "; etcd store made ahead" if why == "start" and self.store.made_ahead else ""
         self._emit(
-            f"rank {self.rank}: generation {generation} formed in {1000 * (formed - started):.0f} ms ({why});"
+            f"rank {self.rank}: generation {generation} formed in {1000 * (formed - started):.0f} ms ({why}{ahead});"
             f" resuming at step {self.step} with the state of rank {source}"
             f" ({1000 * (time.monotonic() - formed):.0f} ms to sync)"
         )

@@ -71,25 +71,30 @@ def _watch_live(store: EtcdStore) -> None:
         time.sleep(0.01)
 
 
-def test_a_blocked_get_follows_the_watch_and_does_not_poll_etcd(store: EtcdStore, etcd_endpoint: str) -> None:
-    """Three ranks waiting for a replacement used to make ~1,000 etcd reads a second between them."""
-    _watch_live(store)
-    reads = 0
+def _count_reads(store: EtcdStore) -> list[int]:
+    """Counts the store's etcd reads from now on (``[n]``)."""
+    reads = [0]
     read_now = store._get_now
 
     def counted(key: str) -> bytes | None:
-        nonlocal reads
-        reads += 1
+        reads[0] += 1
         return read_now(key)
 
     store._get_now = counted  # type: ignore[method-assign]
+    return reads
+
+
+def test_a_blocked_get_follows_the_watch_and_does_not_poll_etcd(store: EtcdStore, etcd_endpoint: str) -> None:
+    """Three ranks waiting for a replacement used to make ~1,000 etcd reads a second between them."""
+    _watch_live(store)
+    reads = _count_reads(store)
     writer = EtcdStore(etcd_endpoint, store._prefix)
     try:
         threading.Timer(0.5, writer.set, ("late", "x")).start()
         assert store.get("late") == b"x"  # set by another client: seen through the watch
     finally:
         writer.close()
-    assert reads <= 2, f"{reads} etcd reads while waiting 0.5 s: polling every 1-5 ms makes dozens (69 measured)"
+    assert reads[0] <= 2, f"{reads[0]} etcd reads while waiting 0.5 s: polling every 1-5 ms makes dozens (69 measured)"
 
 
 def test_seen_is_the_watched_copy(store: EtcdStore, etcd_endpoint: str) -> None:
@@ -122,21 +127,13 @@ def test_a_key_the_watch_holds_is_read_with_no_etcd_request(store: EtcdStore, et
         while store.watched("pg/2") != (True, b"addr2"):
             assert time.monotonic() < deadline
             time.sleep(0.005)
-        reads = 0
-        read_now = store._get_now
-
-        def counted(key: str) -> bytes | None:
-            nonlocal reads
-            reads += 1
-            return read_now(key)
-
-        store._get_now = counted  # type: ignore[method-assign]
+        reads = _count_reads(store)
         store.wait(["pg/0", "pg/2"])
         assert store.get("pg/0") == b"addr0" and store.multi_get(["pg/0", "pg/2"]) == [b"addr0", b"addr2"]
-        assert reads == 0
+        assert reads[0] == 0
         store.set("own", "x")
         assert store.get("own") == b"x"  # written a moment ago, maybe not in the copy yet: etcd, once
-        assert reads <= 1
+        assert reads[0] <= 1
     finally:
         other.close()
 

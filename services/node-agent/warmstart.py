@@ -243,6 +243,7 @@ class WarmStart:
         env[ROOM_ENV] = "." * ENV_ROOM
         argv = [command.interpreter, *command.options, SERVER, "--fd", str(theirs.fileno()), "--path0", path0,
                 "--preload", modules, "--job-nice", str(priority.current().job_nice),
+                *(("--script", command.argv[0]) if command.module is None else ()),
                 "--room", "." * ARGV_ROOM]  # fmt: skip
         out = None
         try:

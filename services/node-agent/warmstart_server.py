@@ -47,6 +47,7 @@ import contextlib
 import ctypes
 import gc
 import importlib
+import io
 import json
 import os
 import runpy
@@ -56,6 +57,8 @@ import socket
 import sys
 import threading
 import traceback
+from dataclasses import dataclass
+from types import CodeType
 from typing import Any
 
 
@@ -242,6 +245,50 @@ def _set_priority(nice: int) -> None:
             os.setpriority(os.PRIO_PROCESS, tid, nice)
 
 
+@dataclass(frozen=True, slots=True)
+class Precompiled:
+    """The job's script compiled by a standby while it waited: ``runpy`` compiles it on every run
+    (no ``.pyc`` for a script), ~5 ms of a replacement's critical path for a 300-line one."""
+
+    #: The script as the job's command names it (``sys.argv[0]``, ``__file__``), relative to the cwd.
+    name: str
+    #: (mtime in ns, size) when it was read: an edited script is compiled afresh, as runpy would.
+    stamp: tuple[int, int]
+    code: CodeType
+
+    @classmethod
+    def of(cls, name: str) -> Precompiled | None:
+        """``name`` compiled as ``runpy.run_path`` compiles it, or None (no such file, not a
+        plain script, a syntax error: the rank's own run then reports it)."""
+        try:
+            stat = os.stat(name)
+            with io.open_code(name) as source:
+                # dont_inherit: not this module's ``from __future__`` imports, which the script has not.
+                code = compile(source.read(), name, "exec", dont_inherit=True)
+        except (OSError, SyntaxError, ValueError):
+            return None
+        return cls(name, (stat.st_mtime_ns, stat.st_size), code)
+
+    def code_for(self, name: str) -> CodeType | None:
+        """The code if ``name`` is this script, unchanged since it was compiled."""
+        try:
+            stat = os.stat(name)
+        except OSError:
+            return None
+        return self.code if name == self.name and (stat.st_mtime_ns, stat.st_size) == self.stamp else None
+
+
+def _run_script(script: str, precompiled: Precompiled | None) -> None:
+    """``runpy.run_path(script, run_name="__main__")``, with the standby's compiled code when it is
+    still the script's (runpy's own steps, minus reading and compiling the file)."""
+    code = precompiled.code_for(script) if precompiled is not None else None
+    run_module_code = getattr(runpy, "_run_module_code", None)
+    if code is None or run_module_code is None:
+        runpy.run_path(script, run_name="__main__")
+        return
+    run_module_code(code, None, "__main__", pkg_name="", script_name=script)
+
+
 def _take_environment(env: dict[str, str]) -> None:
     """``os.environ`` becomes ``env``, changing only what differs: a standby's store thread may be
     running (make_ahead), and each setenv or unsetenv is a moment in which C code reading the
@@ -253,7 +300,7 @@ def _take_environment(env: dict[str, str]) -> None:
             os.environ[key] = value
 
 
-def become_rank(request: dict[str, Any], server_fd: int) -> None:
+def become_rank(request: dict[str, Any], server_fd: int, precompiled: Precompiled | None = None) -> None:
     """In the forked rank: take the rank's identity, run the script, exit as Python would. Never returns."""
     code = 1
     try:
@@ -289,7 +336,7 @@ def become_rank(request: dict[str, Any], server_fd: int) -> None:
             script = argv[0]
             sys.argv = list(argv)
             sys.path[0] = os.path.dirname(os.path.abspath(script))
-            runpy.run_path(script, run_name="__main__")
+            _run_script(script, precompiled)
         code = 0
     except SystemExit as err:
         code = _exit_status(err)
@@ -358,9 +405,11 @@ class Standby:
     process with torch imported, on the recovery's critical path). It is forked again after each
     use, once the answer has been sent. It exits when the server does (the pipe's end closes)."""
 
-    def __init__(self, server_fd: int, job_nice: int | None = None) -> None:
+    def __init__(self, server_fd: int, job_nice: int | None = None, script: str | None = None) -> None:
         self.server_fd = server_fd
         self.job_nice = job_nice
+        #: The job's script as its command names it (None: ``-m module``): compiled while waiting.
+        self.script = script
         self.pid: int | None = None
         self._write_fd: int | None = None
 
@@ -380,9 +429,14 @@ class Standby:
             if self.job_nice is not None:  # waiting, it is the job's; the server runs ahead of it
                 _set_priority(self.job_nice)
             # A request in the first moments (a burst of replacements) is served at once; a standby
-            # still waiting afterwards makes its rank's store, off any recovery's critical path.
+            # still waiting afterwards makes its rank's store and compiles the script, off any
+            # recovery's critical path.
+            precompiled = None
             if not select.select([read_fd], [], [], MAKE_AHEAD_AFTER_S)[0]:
                 make_ahead()
+                precompiled = Precompiled.of(self.script) if self.script else None
+                if precompiled is not None:
+                    print(f"warm-start standby {os.getpid()}: script compiled ahead ({self.script})", flush=True)
             try:
                 raw = _read_all(read_fd)
                 request = json.loads(raw) if raw else None
@@ -391,7 +445,7 @@ class Standby:
             if not isinstance(request, dict):
                 os._exit(0)  # the server is gone (or sent nothing): never became a rank
             os.close(read_fd)
-            become_rank(request, -1)
+            become_rank(request, -1, precompiled)
 
         pid = _double_fork(wait_for_request)
         os.close(read_fd)
@@ -431,7 +485,7 @@ def fork_rank(request: dict[str, Any], server_fd: int, standby: Standby | None =
     return {"pid": pid}
 
 
-def serve(sock: socket.socket, modules: list[str], job_nice: int | None = None) -> int:
+def serve(sock: socket.socket, modules: list[str], job_nice: int | None = None, script: str | None = None) -> int:
     loaded, failed = preload(modules)
     warmed_up = "torch" in loaded and fork_hazard() is None and warm_up_is_safe()
     if warmed_up:
@@ -448,7 +502,7 @@ def serve(sock: socket.socket, modules: list[str], job_nice: int | None = None) 
         "hazard": fork_hazard(),
     }
     sock.sendall((json.dumps(hello) + "\n").encode())
-    standby = Standby(sock.fileno(), job_nice)
+    standby = Standby(sock.fileno(), job_nice, script)
     standby.replenish()
     for line in reader:
         try:
@@ -469,13 +523,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--job-nice", type=int, default=None, help="the job's nice value: a standby waits at it (not at the server's)"
     )
+    parser.add_argument("--script", default=None, help="the job's script as its command names it: standbys compile it")
     parser.add_argument("--room", default="", help="padding: room for a rank's command line (show_as_rank)")
     args = parser.parse_args(argv)
     # This file's directory must not shadow the job's modules (agent.py, settings.py, ...).
     sys.path[0] = args.path0 or os.getcwd()
     sock = socket.socket(fileno=args.fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C at the terminal is the agent's to handle
-    return serve(sock, [m for m in args.preload.split(",") if m], args.job_nice)
+    return serve(sock, [m for m in args.preload.split(",") if m], args.job_nice, args.script)
 
 
 if __name__ == "__main__":

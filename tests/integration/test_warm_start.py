@@ -53,6 +53,11 @@ def _warm_processes(agent_pid: int, *, standby: bool) -> list[psutil.Process]:
     return found
 
 
+def _warm_log(logs: Path) -> str:
+    path = logs / "warm-start.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
 def _server(agent_pid: int) -> psutil.Process | None:
     return next(iter(_warm_processes(agent_pid, standby=False)), None)
 
@@ -86,6 +91,8 @@ def test_a_restarted_rank_is_forked_from_the_warm_start_server(cluster: Cluster)
     standby = cluster.wait_for("a standby forked ahead", lambda: _warm_processes(agent.pid, standby=True))
     assert len(standby) == 1 and [a for a in standby[0].cmdline() if a][-2:] == ["--standby-of", str(server.pid)]
     assert "RANK" not in standby[0].environ()  # not a rank until it is given one: adoption ignores it
+    # Unused for a while, it compiles the script (runpy would, on the replacement's critical path).
+    cluster.wait_for("the script compiled ahead", lambda: "script compiled ahead" in _warm_log(logs))
 
     os.kill(before[1].pid, signal.SIGKILL)
 
@@ -109,6 +116,11 @@ def test_a_restarted_rank_is_forked_from_the_warm_start_server(cluster: Cluster)
         assert seen["cwd"] == str(cluster.workdir)
         assert seen["pgid"] == seen["pid"] == seen["sid"], seen  # its own session and process group
         assert seen["stdin_is_null"] is True
+        # As `python script.py` runs it, from the standby's compiled code or not (the second one):
+        assert seen["annotation"] == "<class 'int'>" and seen["doc"] == first["doc"], seen
+        assert seen["main_is_this"] is True
+    # The first replacement ran the standby's compiled code, the second runpy's: the same module.
+    assert forked["spec_loader_cached"] == stays["spec_loader_cached"]
     assert len({first["random"], forked["random"], stays["random"]}) == 3  # reseeded in each fork
     assert forked["pid"] == standby[0].pid  # the first replacement was the standby: no fork to wait for
     # Each use is followed by a new standby (the next replacement's), forked after the answer.

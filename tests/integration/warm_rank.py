@@ -17,6 +17,10 @@ import time
 preloaded = "decimal" in sys.modules
 import decimal  # noqa: E402,F401 - what the warm-start server preloads in the test
 
+#: Evaluated as ``python script.py`` would (no ``from __future__ import annotations`` inherited
+#: from the server that compiled this script ahead): ``int``, not the string "int".
+probe: int = 0
+
 print(
     "identity "
     + json.dumps(
@@ -34,6 +38,10 @@ print(
             "preloaded": preloaded,
             "random": random.random(),
             "stdin_is_null": os.path.realpath("/proc/self/fd/0") == "/dev/null",
+            "annotation": repr(__annotations__["probe"]),
+            "doc": (__doc__ or "").split(":")[0],
+            "spec_loader_cached": [repr(__spec__), type(__loader__).__name__, repr(globals().get("__cached__"))],
+            "main_is_this": sys.modules["__main__"].__dict__ is globals(),
         }
     ),
     flush=True,

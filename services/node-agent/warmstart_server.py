@@ -17,7 +17,8 @@ Why it is safe, and where it is not:
 * **A standby runs one thread besides its main one.** A standby unused for
   ``MAKE_AHEAD_AFTER_S`` makes the rendezvous store its rank's trainer will ask for (connected to
   etcd, following the run's rendezvous prefix) when ``taskd_client.pytorch`` is preloaded: a
-  replacement then pays for no connection on the recovery's critical path. A standby never forks;
+  replacement then pays for no connection on the recovery's critical path. It also compiles the
+  script, which its rank runs if the file is unchanged (``Precompiled``). A standby never forks;
   it waits at the job's priority; becoming a rank it sets every thread's priority to the rank's and
   changes only the environment variables that differ.
 * **The rank is not our child.** The server forks an intermediate process that forks the rank and

@@ -66,7 +66,7 @@ def test_get_times_out_with_the_key_named(store: EtcdStore) -> None:
 
 def _watch_live(store: EtcdStore) -> None:
     deadline = time.monotonic() + 30
-    while not store._mirrored("any")[0]:  # the watch has read the prefix and follows it
+    while not store.watched("any")[0]:  # the watch has read the prefix and follows it
         assert time.monotonic() < deadline, "the store's watch never came up"
         time.sleep(0.01)
 

@@ -163,20 +163,13 @@ class EtcdStore(dist.Store):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
-    def _mirrored(self, key: str) -> tuple[bool, bytes | None]:
-        """(whether the watch is in step with etcd, the value it saw for ``key``)."""
-        self._start_mirror()
-        with self._changed:
-            if self._mirror is None:
-                return False, None
-            return True, self._mirror.get(key)
-
     def watched(self, key: str) -> tuple[bool, bytes | None]:
         """(whether the watch is in step with etcd, the value it saw for ``key``): no etcd request."""
-        return self._mirrored(key)
+        live, (value,) = self._watched_many([key])
+        return live, value
 
-    def _mirrored_many(self, keys: list[str]) -> tuple[bool, list[bytes | None]]:
-        """:meth:`_mirrored` for several keys at once (one lock)."""
+    def _watched_many(self, keys: list[str]) -> tuple[bool, list[bytes | None]]:
+        """:meth:`watched` for several keys at once (one lock)."""
         self._start_mirror()
         with self._changed:
             if self._mirror is None:
@@ -187,13 +180,13 @@ class EtcdStore(dist.Store):
         """The value of ``key`` as the watch last saw it, or None when absent. A value written
         moments ago by another rank may not be seen yet; while the watch is not in step with etcd
         this reads etcd. For checks that run often (an abort key): no etcd request each time."""
-        live, value = self._mirrored(key)
+        live, value = self.watched(key)
         return value if live else self._get_now(key)
 
     def seen_or_none(self, key: str) -> bool | None:
         """Whether ``key`` is set as far as the watch knows; None when neither the watch nor etcd
         can say right now (an etcd hiccup is "don't know", never "aborted")."""
-        live, value = self._mirrored(key)
+        live, value = self.watched(key)
         return value is not None if live else self.check_or_none([key])
 
     def _wait_for(self, keys: list[str], deadline: float, what: str) -> list[bytes]:
@@ -202,7 +195,7 @@ class EtcdStore(dist.Store):
         costs no etcd request (gloo's connect reads every peer's address: on a loaded node each
         request took 1-4 ms of a replacement's critical path); one it lacks (not set, or set so
         recently that the watch has not brought it yet) is read from etcd once before waiting."""
-        live, values = self._mirrored_many(keys)
+        live, values = self._watched_many(keys)
         if live and all(v is not None for v in values):
             return values  # type: ignore[return-value]
         values = [v if v is not None else self._get_now(key) for key, v in zip(keys, values, strict=True)]

@@ -79,10 +79,13 @@ class Dumps:
         return path
 
     def save(self, dump_id: str, step: int, state: dict[str, Any]) -> Path:
-        """Write this rank's state for dump ``dump_id`` and mark it saved. Raises OSError."""
-        path = self._write(dump_id, step, state)
+        """Write this rank's state for dump ``dump_id`` (not marked saved yet: :meth:`mark_saved`,
+        after which the job may be restarted at any moment). Raises OSError."""
+        return self._write(dump_id, step, state)
+
+    def mark_saved(self, dump_id: str, step: int) -> None:
+        """Tell the relay this rank's part of ``dump_id`` is saved."""
         self.store.set(_saved_key(dump_id, self.rank), str(step))
-        return path
 
     def _pointer(self) -> Path:
         assert self.directory is not None

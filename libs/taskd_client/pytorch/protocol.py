@@ -238,10 +238,14 @@ class RecoveryProtocol:
             if reply is not None:
                 reply(Code.DUMP_ERROR, f"dump {dump_id} not saved: {err}")
             raise RuntimeError(f"dump {dump_id} not saved: {err}") from err
+        # Said before it is reported: once every rank has reported, recoverd may restart the job
+        # at once, and this rank's log would miss the line (make test saw it missing once).
+        self._emit(f"rank {trainer.env.rank}: dump {dump_id}: step {trainer.step} saved to {path}; waiting for restart")
         if reply is not None:
             self._saved_dumps.add(dump_id)
             reply(0, "")
-        self._emit(f"rank {trainer.env.rank}: dump {dump_id}: step {trainer.step} saved to {path}; waiting for restart")
+        else:
+            self._dumps.mark_saved(dump_id, trainer.step)
         # recoverd now restarts every rank (dump_exit). Training must not go on meanwhile.
         time.sleep(RESTART_WAIT_S)
         raise RuntimeError(f"dump {dump_id} saved but the job was not restarted within {RESTART_WAIT_S:g}s")

@@ -113,6 +113,9 @@ def run_recoverd(args: argparse.Namespace) -> int:
             loss_fn((trainer.ddp if args.ddp else model)(x), y).backward()
             if step == args.retry_at_step and rank == args.retry_rank and not injected:
                 injected = True
+                with torch.no_grad():  # the memory error scribbled on this rank's parameters:
+                    for param in model.parameters():  # the retry repairs them from a healthy peer
+                        param.add_(1.0)
                 raise RetryableFault("simulated uncorrectable memory error")
             time.sleep(args.step_sleep)
             if trainer.apply():

@@ -34,7 +34,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -69,6 +69,8 @@ class GroupFailed(RuntimeError):
 GlooGroup = Any
 
 _BACKENDS = {"gloo": "GLOO", "nccl": "NCCL"}
+#: Tags of :meth:`ResilientGroup.share`'s two point-to-point messages (the size, then the bytes).
+_SIZE_TAG, _BYTES_TAG = 1, 2
 
 
 def parse_backend(spec: str) -> dict[str, str]:
@@ -493,6 +495,8 @@ class ResilientGroup:
         return True
 
     def _wait(self, work: dist.Work, what: str, tensor: torch.Tensor) -> None:
+        """Wait for ``work`` until it completes, or raise GroupFailed when it fails or the
+        generation is aborted."""
         number = self.generation
         started = time.monotonic()
         said_waiting = False
@@ -519,9 +523,45 @@ class ResilientGroup:
         self._wait(self._pg().allreduce([tensor]), "allreduce", tensor)
         return tensor
 
-    def broadcast_(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
-        self._wait(self._pg().broadcast(tensor, src), "broadcast", tensor)
-        return tensor
+    def share(self, blob: torch.Tensor | None, source: int, receivers: Sequence[int]) -> torch.Tensor | None:
+        """Bytes (a uint8 tensor on :attr:`device`, ``blob`` at ``source``, None elsewhere) from
+        ``source`` to ``receivers``: returned at a receiver, None elsewhere. Every rank calls it
+        with the same ``source`` and ``receivers``.
+
+        On the CPU (gloo) it is point to point, to the receivers only: a rank that does not need
+        the bytes neither waits for them nor competes for the CPU with the ones that do (a
+        recovery's critical path waits for its slowest rank). On a GPU (a job with NCCL only) it is
+        a broadcast to every rank on the generation's communicator, which the agreement's
+        all-gather has just set up: point to point, NCCL would set one up for each pair first."""
+        me = self.rank
+        if me != source and me not in receivers and self.device.type == "cpu":
+            return None
+        size = torch.tensor([blob.numel() if blob is not None else 0], dtype=torch.int64, device=self.device)
+        if self.device.type != "cpu":
+            self._wait(self._pg().broadcast(size, source), "broadcast", size)
+            data = blob if me == source else torch.empty(int(size[0]), dtype=torch.uint8, device=self.device)
+            assert data is not None
+            self._wait(self._pg().broadcast(data, source), "broadcast", data)
+            return data if me in receivers else None
+        # gloo's sends and receives cannot be polled (``is_completed`` turns true only in ``wait``)
+        # and a bounded ``wait`` gives one up for good (a receive then holds garbage): they are
+        # waited for whole on a helper thread, left behind if the generation is aborted.
+        pg = self._pg()
+        if me == source:
+            assert blob is not None
+            # Every message at once: a receiver takes its two in order (they are matched by tag).
+            sends = [pg.send([size], r, _SIZE_TAG) for r in receivers]
+            sends += [pg.send([blob], r, _BYTES_TAG) for r in receivers]
+            self.run_abortable("send", lambda: [work.wait() for work in sends])
+            return None
+
+        def receive() -> torch.Tensor:
+            pg.recv([size], source, _SIZE_TAG).wait()
+            data = torch.empty(int(size[0]), dtype=torch.uint8, device=self.device)
+            pg.recv([data], source, _BYTES_TAG).wait()
+            return data
+
+        return self.run_abortable("receive", receive)  # type: ignore[no-any-return]
 
     def allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         out = [torch.empty_like(tensor) for _ in range(self.world_size)]

@@ -16,11 +16,13 @@ What happens on a peer's failure (recover-in-place: recoverd restarts only the d
    agent has started it);
 3. the ranks agree on the step to resume: the lowest step any rank holding the freshest state has
    completed (a survivor whose all-reduce completed when a peer's did not is one step ahead);
-4. the lowest-numbered rank at that step broadcasts the model's, the optimizer's and any ``extra``
-   object's state (bytes of ``torch.save``): the replacement needs no checkpoint on disk, a rank
-   that was ahead is put back, and every rank carries on from the same step with bitwise the same
-   state. Model buffers that a forward pass changes (BatchNorm statistics) are restored to the
-   start of the interrupted step first, so re-running it does not count it twice.
+4. the lowest-numbered rank at that step sends the model's, the optimizer's and any ``extra``
+   object's state (bytes of ``torch.save``) to the ranks that need it (:mod:`.agreement`): the
+   replacement needs no checkpoint on disk, a rank that was ahead is put back, a rank that raised
+   a :class:`RetryableFault` is repaired, and a survivor at that step keeps its own (it is bitwise
+   the same), so every rank carries on from the same step with bitwise the same state. Model
+   buffers that a forward pass changes (BatchNorm statistics) are restored to the start of the
+   interrupted step first, so re-running it does not count it twice.
 
 The training loop ends with a barrier: a rank that completed the last step while a peer died in it
 does not leave before the others have it too (it takes part in their recovery instead).
@@ -38,7 +40,7 @@ The same path serves ``retry``: a rank that raises :class:`RetryableFault` insid
 aborts the generation, and every rank rolls the step back and runs it again, with no process
 restarted (through the agents, recoverd decides first: ``RecoveryProtocol.retry_decided``). A
 fresh rank (at the job's start, or a replacement) may bring state from disk with ``load_state``;
-otherwise the first formation broadcasts rank 0's initial state, as DDP does.
+otherwise the first formation sends rank 0's initial state to every rank, as DDP's broadcast does.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from recoverd.keys import Keyspace, RunRef
 from taskd_client import progress
+from taskd_client.pytorch.agreement import Holding, Kind, agree, must_read_checkpoints
 from taskd_client.pytorch.group import GroupFailed, ResilientGroup, parse_backend
 from taskd_client.pytorch.store import open_store
 
@@ -86,7 +89,7 @@ def default_backend() -> str:
 log = logging.getLogger(__name__)
 
 
-_NONE, _FROM_DISK, _LIVE = 0, 1, 2
+_NONE, _FROM_DISK, _SUSPECT, _LIVE = Kind.NONE, Kind.FROM_DISK, Kind.SUSPECT, Kind.LIVE
 
 
 class RetryableFault(RuntimeError):
@@ -244,6 +247,8 @@ class ResilientTrainer:
                 f" {decided or 'rolling back everywhere'}"
             )
             self.group.abort(f"rank {self.rank} retries step {self.step}: {fault}")
+            if self._state == _LIVE:
+                self._state = _SUSPECT  # repaired from a healthy peer in the agreement (if any)
             self._recover("retry")
         except RuntimeError as err:
             # DDP's backward raises what its communication hook's future failed with.
@@ -320,7 +325,7 @@ class ResilientTrainer:
 
     def _recover(self, why: str) -> None:
         started = time.monotonic()
-        if self._buffers and self._state == _LIVE:
+        if self._buffers and self._state in (_SUSPECT, _LIVE):
             # The interrupted step's forward pass may have changed them; it will run again.
             with torch.no_grad():
                 for name, buffer in self.model.named_buffers():
@@ -336,7 +341,7 @@ class ResilientTrainer:
                 generation = self.group.form(deadline=started + self.recover_timeout.total_seconds())
                 self.rank, self.world_size = self.group.rank, self.group.world_size  # may change (protocol.py)
                 formed = time.monotonic()
-                source = self._sync()
+                resumed_with = self._sync()
                 self._wrap_ddp()
                 break
             except GroupFailed as err:
@@ -346,7 +351,7 @@ class ResilientTrainer:
         ahead = "; etcd store made ahead" if why == "start" and self.store.made_ahead else ""
         self._emit(
             f"rank {self.rank}: generation {generation} formed in {1000 * (formed - started):.0f} ms ({why}{ahead});"
-            f" resuming at step {self.step} with the state of rank {source}"
+            f" resuming at step {self.step} with {resumed_with}"
             f" ({1000 * (time.monotonic() - formed):.0f} ms to sync)"
         )
 
@@ -396,11 +401,16 @@ class ResilientTrainer:
         return self.group.allreduce_future(tensor)
 
     def _holding(self, device: torch.device) -> torch.Tensor:
-        """What this rank says in :meth:`_sync`: the kind of state it holds, its step, and whether
-        it has a checkpoint it has not read (``load_state``; read only if no rank holds live state:
-        reading it is on a replacement's critical path, ~10 ms on a loaded node for a small model)."""
+        """What this rank says in :meth:`_sync` (:class:`~.agreement.Holding`): the kind of state
+        it holds, its step, and whether it has a checkpoint it has not read (``load_state``; read
+        only if no rank holds live state: reading it is on a replacement's critical path, ~10 ms on
+        a loaded node for a small model)."""
         pending = int(self._load_state is not None)
         return torch.tensor([self._state, self.step, pending], dtype=torch.int64, device=device)
+
+    def _holdings(self, device: torch.device) -> list[Holding]:
+        said = self.group.allgather(self._holding(device))
+        return [Holding(Kind(int(t[0])), int(t[1]), bool(int(t[2]))) for t in said]
 
     def _read_checkpoint(self) -> None:
         load_state, self._load_state = self._load_state, None
@@ -410,33 +420,30 @@ class ResilientTrainer:
             self._load(state)
             self._state = _FROM_DISK
 
-    def _sync(self) -> int:
-        """Agree on the step and copy the state from the lowest-numbered rank at it.
-
-        The holders are the ranks with the freshest kind of state: live state (survivors) wins over
-        a checkpoint loaded from disk (a replacement), which wins over none (all fresh). The step
-        is the lowest a holder has completed; every other rank, one that was ahead included, takes
-        the source's state."""
+    def _sync(self) -> str:
+        """Agree on the step and the source (:mod:`.agreement`); the source sends its state to the
+        ranks that need it, point to point, and only to them (the survivors at the agreed step
+        keep theirs: it is bitwise the source's). Returns whose state this rank resumes with."""
         device = self.group.device
-        everyone = self.group.allgather(self._holding(device))
-        if any(int(t[2]) for t in everyone) and max(int(t[0]) for t in everyone) != _LIVE:
-            # No live state anywhere: the ranks with a checkpoint to read read it, and say again.
+        everyone = self._holdings(device)
+        if must_read_checkpoints(everyone):
             self._read_checkpoint()
-            everyone = self.group.allgather(self._holding(device))
-        best = max(int(t[0]) for t in everyone)
-        holders = [r for r, t in enumerate(everyone) if int(t[0]) == best]
-        resume = min(int(everyone[r][1]) for r in holders) if best != _NONE else 0
-        source = min(r for r in holders if best == _NONE or int(everyone[r][1]) == resume)
-        if self.rank != source and self._state == best != _NONE and self.step > resume:
-            self._emit(f"rank {self.rank}: back from step {self.step} to {resume}")
-        blob = _to_bytes(self.state()).to(device) if self.rank == source else torch.empty(0, dtype=torch.uint8)
-        size = self.group.broadcast_(torch.tensor([blob.numel()], dtype=torch.int64, device=device), source)
-        if self.rank != source:
-            blob = torch.empty(int(size[0]), dtype=torch.uint8, device=device)
-        self.group.broadcast_(blob, source)
-        if self.rank != source:
-            self._load(_from_bytes(blob, self._state_device()))
-        self.step = resume
+            everyone = self._holdings(device)
+        agreed = agree(everyone)
+        source = agreed.source
+        ahead = self._state == max(h.kind for h in everyone) != _NONE and self.step > agreed.step
+        if ahead:  # a receiver: its all-reduce completed when a peer's did not
+            self._emit(f"rank {self.rank}: back from step {self.step} to {agreed.step}")
+        if agreed.receivers:
+            mine = _to_bytes(self.state()).to(device) if self.rank == source else None
+            received = self.group.share(mine, source, agreed.receivers)
+            if received is not None:
+                self._load(_from_bytes(received, self._state_device()))
+        self.step = agreed.step
         self._state = _LIVE
         self._load_state = None  # live state from now on: a later recovery never reads the disk
-        return source
+        if self.rank == source:
+            return "its own state (the source)"
+        if agreed.receives(self.rank):
+            return f"the state of rank {source}"
+        return f"its own state (equal to rank {source}'s)"

@@ -1,0 +1,70 @@
+"""The ranks' agreement after a formation (taskd_client.pytorch.agreement): the step, the source,
+and who receives the source's state. Pure: no torch, no group."""
+
+from __future__ import annotations
+
+import pytest
+
+from taskd_client.pytorch.agreement import Agreement, Holding, Kind, agree, must_read_checkpoints
+
+LIVE, SUSPECT, DISK, NONE = Kind.LIVE, Kind.SUSPECT, Kind.FROM_DISK, Kind.NONE
+
+
+def test_a_replacement_beside_survivors_is_the_only_receiver() -> None:
+    world = [Holding(LIVE, 7), Holding(NONE, 0), Holding(LIVE, 7), Holding(LIVE, 7)]
+    assert agree(world) == Agreement(step=7, source=0, receivers=(1,))
+
+
+def test_the_replacement_of_rank_0_makes_the_next_survivor_the_source() -> None:
+    world = [Holding(NONE, 0, unread_checkpoint=True), Holding(LIVE, 7), Holding(LIVE, 7)]
+    assert agree(world) == Agreement(step=7, source=1, receivers=(0,))
+
+
+def test_a_survivor_ahead_is_put_back_and_receives() -> None:
+    """Its all-reduce completed when a peer's did not: one step ahead, so it takes step 7's state."""
+    world = [Holding(LIVE, 8), Holding(LIVE, 7), Holding(NONE, 0)]
+    assert agree(world) == Agreement(step=7, source=1, receivers=(0, 2))
+
+
+def test_a_retry_moves_no_state() -> None:
+    """Every rank rolled the same step back: nobody receives anything."""
+    assert agree([Holding(LIVE, 3)] * 4) == Agreement(step=3, source=0, receivers=())
+
+
+def test_a_rank_that_raised_a_retryable_fault_is_repaired_from_a_healthy_peer() -> None:
+    """Its memory error may have corrupted its state: rank 0 raised, so rank 1 is the source."""
+    world = [Holding(SUSPECT, 3), Holding(LIVE, 3), Holding(LIVE, 3), Holding(SUSPECT, 3)]
+    assert agree(world) == Agreement(step=3, source=1, receivers=(0, 3))
+
+
+def test_with_every_rank_suspect_the_lowest_numbered_one_is_the_source() -> None:
+    assert agree([Holding(SUSPECT, 3)] * 3) == Agreement(step=3, source=0, receivers=(1, 2))
+
+
+def test_a_fresh_world_takes_rank_0s_initial_state_everywhere() -> None:
+    """As DDP's first broadcast: fresh ranks may have been built with different seeds."""
+    assert agree([Holding(NONE, 0)] * 3) == Agreement(step=0, source=0, receivers=(1, 2))
+
+
+def test_checkpoints_are_not_assumed_equal() -> None:
+    """Ranks that loaded a checkpoint at the same step still receive the source's state: a
+    per-rank checkpoint need not be the same as rank 0's."""
+    world = [Holding(DISK, 5), Holding(DISK, 5), Holding(DISK, 9), Holding(NONE, 0)]
+    assert agree(world) == Agreement(step=5, source=0, receivers=(1, 2, 3))
+
+
+def test_live_state_wins_over_a_newer_checkpoint() -> None:
+    world = [Holding(DISK, 9), Holding(LIVE, 4), Holding(LIVE, 4)]
+    assert agree(world) == Agreement(step=4, source=1, receivers=(0,))
+
+
+def test_checkpoints_are_read_only_where_no_rank_holds_live_state() -> None:
+    assert must_read_checkpoints([Holding(NONE, 0, True), Holding(NONE, 0)])
+    assert not must_read_checkpoints([Holding(NONE, 0, True), Holding(LIVE, 3)])
+    assert not must_read_checkpoints([Holding(NONE, 0, True), Holding(SUSPECT, 3)])
+    assert not must_read_checkpoints([Holding(NONE, 0), Holding(DISK, 3)])
+
+
+def test_an_empty_world_is_refused() -> None:
+    with pytest.raises(ValueError):
+        agree([])

@@ -1,6 +1,7 @@
-"""ResilientGroup.share, the state transfer of a recovery, on real gloo groups formed through a real
-etcd (three ranks, one thread each): the bytes reach the receivers only, a rank that is not one
-returns at once, and a receiver waiting for a source that never sends is released by an abort."""
+"""ResilientGroup's agreement tools on real gloo groups formed through a real etcd (three ranks, one
+thread each): every member reads every member's joining note once formed; ``share``, the state
+transfer of a recovery, brings the bytes to the receivers only, a rank that is not one returns at
+once, and a receiver waiting for a source that never sends is released by an abort."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ def groups(etcd_endpoint: str, key_prefix: str) -> Iterator[list[ResilientGroup]
     prefix = f"{key_prefix}/rendezvous/j/r/"
     stores = [EtcdStore(etcd_endpoint, prefix, timeout=timedelta(seconds=10)) for _ in range(WORLD)]
     made = [ResilientGroup(s, r, WORLD, timeout=timedelta(seconds=10), backend="gloo") for r, s in enumerate(stores)]
+    for rank, group in enumerate(made):
+        if rank != 2:  # rank 2 writes no note
+            group.joining_note = lambda rank=rank: f"rank {rank} holds step {10 + rank}"  # type: ignore[misc]
     with ThreadPoolExecutor(WORLD) as pool:
         assert list(pool.map(lambda g: g.form(), made)) == [0] * WORLD
     yield made
@@ -41,6 +45,11 @@ def groups(etcd_endpoint: str, key_prefix: str) -> Iterator[list[ResilientGroup]
 def _on_every_rank(groups: list[ResilientGroup], work: Callable[[ResilientGroup], Any]) -> list[Any]:
     with ThreadPoolExecutor(len(groups)) as pool:
         return list(pool.map(work, groups))
+
+
+def test_every_member_reads_every_joining_note_once_formed(groups: list[ResilientGroup]) -> None:
+    expected = ["rank 0 holds step 10", "rank 1 holds step 11", ""]
+    assert _on_every_rank(groups, lambda g: g.notes()) == [expected] * WORLD
 
 
 def test_the_bytes_reach_the_receivers_only(groups: list[ResilientGroup]) -> None:

@@ -68,3 +68,15 @@ def test_checkpoints_are_read_only_where_no_rank_holds_live_state() -> None:
 def test_an_empty_world_is_refused() -> None:
     with pytest.raises(ValueError):
         agree([])
+
+
+@pytest.mark.parametrize("holding", [Holding(LIVE, 7), Holding(NONE, 0, True), Holding(SUSPECT, 123456789)])
+def test_a_holding_survives_its_joining_note(holding: Holding) -> None:
+    assert Holding.from_note(holding.to_note()) == holding
+
+
+@pytest.mark.parametrize(
+    "note", ["", "1234@5", "holding1:3:7", "holding1:9:7:0", "holding1:3:-1:0", "holding1:3:7:2", "holding2:3:7:0"]
+)
+def test_a_note_that_is_not_a_holding_is_refused(note: str) -> None:
+    assert Holding.from_note(note) is None

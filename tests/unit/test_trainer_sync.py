@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 
 from taskd_client.pytorch import trainer as trainer_module  # noqa: E402
+from taskd_client.pytorch.agreement import Holding, Kind  # noqa: E402
 from taskd_client.pytorch.trainer import ResilientTrainer  # noqa: E402
 
 NONE, FROM_DISK, LIVE = trainer_module._NONE, trainer_module._FROM_DISK, trainer_module._LIVE
@@ -26,18 +27,27 @@ def _model(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 
 
 class _PeerGroup:
-    """The collectives of a two-rank world seen from rank 1: rank 0 says ``says[i]`` in the i-th
-    allgather and shares ``blob`` when rank 1 receives; every share is kept in ``shared``."""
+    """The group of a two-rank world seen from rank 1: rank 0 says ``says[0]`` in its joining note
+    (``note`` instead, when given) and ``says[i]`` in the i-th allgather after it, and shares
+    ``blob`` when rank 1 receives; every share is kept in ``shared``."""
 
     device = torch.device("cpu")
 
-    def __init__(self, says: list[list[int]], blob: torch.Tensor) -> None:
-        self.says, self.blob, self.allgathers = says, blob, 0
+    def __init__(self, says: list[list[int]], blob: torch.Tensor, note: str | None = None) -> None:
+        self.says, self.blob, self.note, self.allgathers = says, blob, note, 0
+        self.joining_note: Any = None
         #: Each share(): (source, receivers, bytes rank 1 sent or None).
         self.shared: list[tuple[int, tuple[int, ...], int | None]] = []
 
+    def notes(self) -> list[str]:
+        if self.note is not None:
+            return [self.note, self.joining_note()]
+        kind, step, unread = self.says[0]
+        return [Holding(Kind(kind), step, bool(unread)).to_note(), self.joining_note()]
+
     def allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        peer = torch.tensor(self.says[self.allgathers], dtype=torch.int64)
+        said = self.allgathers + (1 if self.note is None else 0)
+        peer = torch.tensor(self.says[said], dtype=torch.int64)
         self.allgathers += 1
         return [peer, tensor.clone()]
 
@@ -52,6 +62,7 @@ def _rank1(group: _PeerGroup, load_state: Any) -> ResilientTrainer:
     trainer.extra, trainer.rank, trainer.world_size = {}, 1, 2
     trainer.step, trainer._state, trainer._load_state = 0, NONE, load_state
     trainer.group = group  # type: ignore[assignment]
+    group.joining_note = lambda: trainer._holding().to_note()
     trainer._on_event = lambda _text: None
     return trainer
 
@@ -69,7 +80,7 @@ def test_a_replacement_joining_live_state_never_reads_its_checkpoint() -> None:
     rank1 = _rank1(group, lambda: reads.append(1) or (3, {}))
 
     assert rank1._sync() == "the state of rank 0"
-    assert reads == [] and group.allgathers == 1
+    assert reads == [] and group.allgathers == 0  # what each held was in its joining note
     assert rank1.step == 7 and rank1._state == LIVE and rank1._load_state is None
     assert torch.equal(rank1.model.weight, peer_state["model"]["weight"])
 
@@ -83,7 +94,7 @@ def test_with_no_live_state_the_checkpoints_are_read_and_the_ranks_say_again() -
     rank1 = _rank1(group, lambda: reads.append(1) or (5, disk))
 
     assert rank1._sync() == "the state of rank 0"  # both at step 5 from disk: the lowest rank is the source
-    assert reads == [1] and group.allgathers == 2
+    assert reads == [1] and group.allgathers == 1  # said again after reading the checkpoint
     assert rank1.step == 5 and rank1._state == LIVE and rank1._load_state is None
     assert torch.equal(rank1.model.weight, peer_state["model"]["weight"])
 
@@ -147,3 +158,14 @@ def test_a_rank_that_raised_a_retryable_fault_takes_a_healthy_peers_state() -> N
     assert rank1._sync() == "the state of rank 0"
     assert group.shared == [(0, (1,), None)]
     assert rank1._state == LIVE and torch.equal(rank1.model.weight, peer_state["model"]["weight"])
+
+
+def test_when_a_joining_note_is_not_a_holding_every_rank_says_it_again() -> None:
+    """Every rank reads the same notes, so every rank falls back to the all-gather together."""
+    blob, peer_state = _peer_blob()
+    group = _PeerGroup([[LIVE, 7, 0]], blob, note="not a holding")
+    rank1 = _rank1(group, load_state=None)
+
+    assert rank1._sync() == "the state of rank 0"
+    assert group.allgathers == 1 and rank1.step == 7
+    assert torch.equal(rank1.model.weight, peer_state["model"]["weight"])

@@ -50,6 +50,27 @@ class Holding:
     step: int
     unread_checkpoint: bool = False
 
+    def to_note(self) -> str:
+        """The holding as a rank writes it when it joins a generation (ResilientGroup.joining_note)."""
+        return f"{_NOTE_TAG}:{int(self.kind)}:{self.step}:{int(self.unread_checkpoint)}"
+
+    @classmethod
+    def from_note(cls, note: str) -> Holding | None:
+        """The holding a peer wrote, or None when the note is not one (every rank then falls back
+        to saying it again in a collective: they all read the same notes, so all fall back)."""
+        tag, _, rest = note.partition(":")
+        fields = rest.split(":")
+        if tag != _NOTE_TAG or len(fields) != 3 or not all(f.isdigit() for f in fields):
+            return None
+        kind, step, unread = (int(f) for f in fields)
+        if kind not in set(Kind) or unread > 1:
+            return None
+        return cls(Kind(kind), step, bool(unread))
+
+
+#: Names the format of a holding's note (changed if the format ever changes).
+_NOTE_TAG = "holding1"
+
 
 @dataclass(frozen=True, slots=True)
 class Agreement:

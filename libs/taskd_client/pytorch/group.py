@@ -17,7 +17,8 @@ survivors never wait on a collective they cannot leave (docs/adr/0017):
   never complete) and joins the next one.
 
 Generation bookkeeping in the store: ``gen`` (the current number), ``g<n>/abort``, ``g<n>/member/<rank>``
-(the incarnation that joined), and the backends' own keys under ``g<n>/pg/``.
+(the incarnation that joined, and what it said of itself: :attr:`ResilientGroup.joining_note`),
+and the backends' own keys under ``g<n>/pg/``.
 
 **Backends.** A generation is a ``torch.distributed.ProcessGroup`` with the job's backends registered
 per device, as ``init_process_group`` would make it: ``gloo``, ``nccl``, or ``cpu:gloo,cuda:nccl``
@@ -165,6 +166,9 @@ class ResilientGroup:
         self.rank = rank
         self.world_size = world_size
         self.incarnation = incarnation or f"{os.getpid()}@{time.time_ns()}"
+        #: What this rank says of itself when it joins a generation (no spaces needed, any text):
+        #: every member reads all of them once it is formed (:meth:`notes`), with no collective.
+        self.joining_note: Callable[[], str] | None = None
         self.timeout = timeout
         #: How long gloo may take to connect a new generation: a member that died after writing its
         #: address (an `exit` that killed ranks mid-formation) is never reached, and gloo's connect
@@ -280,7 +284,7 @@ class ResilientGroup:
             if not self._seated(number):
                 return None
             member, abort = f"g{number}/member/{self.rank}", f"g{number}/abort"
-            if self.store.put_if(member, self.incarnation, absent=(member, abort), equal={"gen": seen}):
+            if self.store.put_if(member, self._member_value(), absent=(member, abort), equal={"gen": seen}):
                 return number
         number = int(self.store.compare_set("gen", "", "0"))
         abort = f"g{number}/abort"
@@ -289,14 +293,29 @@ class ResilientGroup:
             return None
         if not self._seated(number):
             return None
-        member = f"g{number}/member/{self.rank}"
-        held = self.store.compare_set(member, "", self.incarnation).decode()
-        if held != self.incarnation:
+        member, mine = f"g{number}/member/{self.rank}", self._member_value()
+        held = self.store.compare_set(member, "", mine).decode()
+        if held != mine:
             # My predecessor joined this generation: it can never complete. Abort it.
             self.store.compare_set(abort, "", f"rank {self.rank} restarted")
             self.store.compare_set("gen", str(number), str(number + 1))
             return None
         return number
+
+    def _member_value(self) -> str:
+        """A member key's value: the incarnation (it has no space), then the joining note."""
+        return self.incarnation if self.joining_note is None else f"{self.incarnation} {self.joining_note()}"
+
+    def notes(self) -> list[str]:
+        """Every member's joining note in the current generation, by rank ("" where a member
+        wrote none). Read from the store's watched copy: every member wrote its key before it
+        connected, so a formed generation has them all (an etcd read only for one the watch has
+        not brought yet)."""
+        number = self.generation
+        if number < 0:
+            raise GroupFailed("no process group: form() first")
+        values = self.store.multi_get([f"g{number}/member/{r}" for r in range(self.world_size)])
+        return [value.decode().partition(" ")[2] for value in values]
 
     def _seated(self, number: int) -> bool:
         """Whether this rank has a seat in generation ``number`` (always, unless ``seat`` decides:

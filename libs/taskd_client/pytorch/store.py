@@ -315,7 +315,9 @@ class EtcdStore(dist.Store):
         return len(snap.kvs)
 
     def multi_get(self, keys: list[str]) -> list[bytes]:  # type: ignore[override]
-        return [self.get(key) for key in keys]
+        """Every key's value, waiting for the missing ones (one look at the watched copy for all)."""
+        what = f"rendezvous keys {keys!r} not all set within {self._timeout.total_seconds():g}s"
+        return self._wait_for(list(keys), self._deadline(), what)
 
     def multi_set(self, keys: list[str], values: list[str | bytes]) -> None:  # type: ignore[override]
         ops = [Put(self._key(k), _as_bytes(v)) for k, v in zip(keys, values, strict=True)]

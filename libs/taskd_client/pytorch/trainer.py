@@ -180,6 +180,8 @@ class ResilientTrainer:
         self.group = ResilientGroup(
             self.store, self.rank, self.world_size, timeout=timeout, backend=backend or default_backend()
         )
+        #: Each rank says what it holds as it joins a generation (read back in :meth:`_sync`).
+        self.group.joining_note = lambda: self._holding().to_note()
         self._ddp_spec: DdpSpec = ddp
         #: The model wrapped in DistributedDataParallel on the current generation's group (``ddp=``),
         #: rebuilt on every recovery; call the model through it. None without ``ddp=``.
@@ -400,16 +402,27 @@ class ResilientTrainer:
         tensor.div_(self.world_size)
         return self.group.allreduce_future(tensor)
 
-    def _holding(self, device: torch.device) -> torch.Tensor:
-        """What this rank says in :meth:`_sync` (:class:`~.agreement.Holding`): the kind of state
-        it holds, its step, and whether it has a checkpoint it has not read (``load_state``; read
-        only if no rank holds live state: reading it is on a replacement's critical path, ~10 ms on
-        a loaded node for a small model)."""
-        pending = int(self._load_state is not None)
-        return torch.tensor([self._state, self.step, pending], dtype=torch.int64, device=device)
+    def _holding(self) -> Holding:
+        """What this rank says in :meth:`_sync`: the kind of state it holds, its step, and whether
+        it has a checkpoint it has not read (``load_state``; read only if no rank holds live
+        state: reading it is on a replacement's critical path, ~10 ms on a loaded node for a small
+        model)."""
+        return Holding(Kind(self._state), self.step, self._load_state is not None)
 
-    def _holdings(self, device: torch.device) -> list[Holding]:
-        said = self.group.allgather(self._holding(device))
+    def _holdings(self, device: torch.device, *, as_joined: bool) -> list[Holding]:
+        """Every rank's :meth:`_holding`. ``as_joined``: as each wrote it when it joined this
+        generation (the group's joining notes: no collective, so a survivor that needs nothing
+        starts its next step as soon as the group is formed); else said again in an all-gather
+        (after reading a checkpoint, or if a note is not a holding: every rank reads the same
+        notes, so every rank takes the same way)."""
+        if as_joined:
+            read = [Holding.from_note(note) for note in self.group.notes()]
+            if all(holding is not None for holding in read):
+                return read  # type: ignore[return-value]
+        mine = self._holding()
+        said = self.group.allgather(
+            torch.tensor([mine.kind, mine.step, int(mine.unread_checkpoint)], dtype=torch.int64, device=device)
+        )
         return [Holding(Kind(int(t[0])), int(t[1]), bool(int(t[2]))) for t in said]
 
     def _read_checkpoint(self) -> None:
@@ -425,10 +438,10 @@ class ResilientTrainer:
         ranks that need it, point to point, and only to them (the survivors at the agreed step
         keep theirs: it is bitwise the source's). Returns whose state this rank resumes with."""
         device = self.group.device
-        everyone = self._holdings(device)
+        everyone = self._holdings(device, as_joined=True)
         if must_read_checkpoints(everyone):
             self._read_checkpoint()
-            everyone = self._holdings(device)
+            everyone = self._holdings(device, as_joined=False)
         agreed = agree(everyone)
         source = agreed.source
         ahead = self._state == max(h.kind for h in everyone) != _NONE and self.step > agreed.step

@@ -15,7 +15,8 @@ What happens on a peer's failure (recover-in-place: recoverd restarts only the d
 2. every rank forms the next generation of the group, the replacement included (it joins when the
    agent has started it);
 3. the ranks agree on the step to resume: the lowest step any rank holding the freshest state has
-   completed (a survivor whose all-reduce completed when a peer's did not is one step ahead);
+   completed (a survivor whose all-reduce completed when a peer's did not is one step ahead); what
+   each holds was written with its join of the generation, so this needs no collective;
 4. the lowest-numbered rank at that step sends the model's, the optimizer's and any ``extra``
    object's state (bytes of ``torch.save``) to the ranks that need it (:mod:`.agreement`): the
    replacement needs no checkpoint on disk, a rank that was ahead is put back, a rank that raised

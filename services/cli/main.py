@@ -126,6 +126,7 @@ def _agent_settings(args: argparse.Namespace, etcd: str, job: str, nnodes: int, 
         warm_spares=args.warm_spares,
         warm_start=not args.no_warm_start,
         warm_start_modules=args.warm_start_modules,
+        warm_start_wait_s=args.warm_start_wait,
         hang_detection=not args.no_hang_detection,
     )
 

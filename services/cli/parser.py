@@ -184,6 +184,15 @@ def add_job(parser: argparse.ArgumentParser, *, job_required: bool) -> None:
         " torch with taskd_client.pytorch, or mindspore; none: plain starts)",
     )
     parser.add_argument(
+        "--warm-start-wait",
+        type=non_negative(float),
+        default=30.0,
+        metavar="SECONDS",
+        help="how long the first start waits for that interpreter to import, so that every rank is forked from"
+        " it: one import per node instead of one per rank (default %(default)g; 0: the first start is plain;"
+        " a server that fails ends the wait at once; docs/adr/0039)",
+    )
+    parser.add_argument(
         "--reset-json", default=None, help="a device plugin's reset.json to turn into faults (watched, never written)"
     )
     parser.add_argument("--reset-json-mirror", default=None, help="write recoverd's state here in reset.json form")

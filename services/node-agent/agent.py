@@ -316,8 +316,11 @@ class NodeAgent:
                 loop.add_signal_handler(signal.SIGCHLD, self._launcher.reap_strays)
             self._open_rank_clients()
             self._start_warm_start()
-            self._start_all(generation=0, header="launch")
-            self._warm.fill()
+            first_start_waits = (
+                self._warm_start is not None and self._warm_start.starting and self.settings.warm_start_wait_s > 0
+            )
+            if not first_start_waits:
+                self._launch()
             try:
                 async with asyncio.TaskGroup() as group:
                     tasks = [
@@ -333,6 +336,8 @@ class NodeAgent:
                     for task in tasks:
                         if task.get_name() != "agent-runtime":  # the process launcher has nothing to watch
                             task.add_done_callback(self._machinery_ended)
+                    if first_start_waits:  # ends once the ranks are started: not machinery
+                        tasks.append(group.create_task(self._launch_when_warm(), name="agent-first-start"))
                     code = await self._exit_code
                     await self._finish(code)
                     for task in tasks:
@@ -348,6 +353,28 @@ class NodeAgent:
                 await self._stop_ranks(list(self.table))
                 await self._warm.stop(self.settings.stop_grace_s)
             await self.membership.close()
+
+    def _launch(self) -> None:
+        """The job's first start on this node: its ranks, then its warm spares."""
+        assert self._warm is not None
+        self._start_all(generation=0, header="launch")
+        self._warm.fill()
+
+    async def _launch_when_warm(self) -> None:
+        """The first start waits (at most ``warm_start_wait_s``) for the warm-start server that is
+        importing the framework, so that every rank is forked from it (docs/adr/0039): one import per
+        node instead of one per rank, the first start done the way every restart is, and ranks that
+        share the server's frozen objects end in a tenth of the time. A server that dies or is given
+        up ends the wait at once: the ranks start plainly, as they do without warm starts."""
+        assert self._warm_start is not None
+        waited = time.monotonic()
+        if not await self._warm_start.wait_ready(self.settings.warm_start_wait_s):
+            why = self._warm_start.unavailable or f"not ready within {self.settings.warm_start_wait_s:g}s"
+            log.warning("agent %s: first start without the warm-start server (%s)", self.settings.node, why)
+        else:
+            log.info("agent %s: first start forked from the warm-start server (waited %.1fs)", self.settings.node,
+                     time.monotonic() - waited)  # fmt: skip
+        self._launch()
 
     def _machinery_ended(self, task: asyncio.Task[None]) -> None:
         """A task that must run for the agent's whole life ended (a bug, or a cancellation nobody

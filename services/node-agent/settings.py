@@ -106,6 +106,9 @@ class AgentSettings:
     #: What that interpreter imports: "auto" (the framework the job's interpreter has) or a
     #: comma-separated list of modules.
     warm_start_modules: str = "auto"
+    #: The first start waits this long for the warm-start server to import, so that every rank is
+    #: forked from it (docs/adr/0039); 0: the first start is plain and only restarts are forked.
+    warm_start_wait_s: float = 30.0
     #: Judge the ranks' progress reports (hangs, stragglers: docs/detectors.md); the job's policy
     #: (``hang.enabled``) can still turn hang faults off. Off: no progress socket at all.
     hang_detection: bool = True
@@ -123,8 +126,8 @@ class AgentSettings:
         if unknown or not self.strategies:
             raise ConfigError(f"unknown strategies {unknown or list(self.strategies)}")
         check_lease_ttl(self.lease_ttl_s)
-        if self.stop_grace_s < 0 or self.warm_spares < 0:
-            raise ConfigError("stop grace and warm spares must not be negative")
+        if self.stop_grace_s < 0 or self.warm_spares < 0 or self.warm_start_wait_s < 0:
+            raise ConfigError("stop grace, warm spares and the warm-start wait must not be negative")
         if self.nvml not in NVML_MODES:
             raise ConfigError(f"nvml {self.nvml!r}: choose one of {', '.join(NVML_MODES)}")
 

@@ -199,6 +199,8 @@ class WarmStart:
         self._sock: socket.socket | None = None
         self._buffer = b""
         self._ready = False
+        #: Set when the server being started is ready or gone (:meth:`wait_ready`).
+        self._settled: asyncio.Event | None = None
         self._stopping = False
         self._restarts = 0
         self._restart: asyncio.TimerHandle | None = None
@@ -211,6 +213,11 @@ class WarmStart:
     @property
     def ready(self) -> bool:
         return self._ready
+
+    @property
+    def starting(self) -> bool:
+        """The server is importing: not ready yet, not given up, not dead."""
+        return self._popen is not None and not self._ready and self._settled is not None and not self._settled.is_set()
 
     @property
     def pid(self) -> int | None:
@@ -264,6 +271,7 @@ class WarmStart:
         self._sock = ours
         self._buffer = b""
         self._started_at = time.monotonic()
+        self._settled = asyncio.Event()
         asyncio.get_running_loop().add_reader(ours.fileno(), self._readable)
         log.info("warm-start server pid %d importing %s", self._popen.pid, modules)
 
@@ -301,6 +309,8 @@ class WarmStart:
             self._give_up(f"nothing to preload ({failed or 'no modules'}): a warm start would gain nothing")
             return
         self._ready = True
+        if self._settled is not None:
+            self._settled.set()
         if self._popen is not None:
             # It forks the replacements: at the control plane's priority; each rank it forks puts
             # itself back at the job's before it runs anything of the job (recoverd.priority).
@@ -316,8 +326,23 @@ class WarmStart:
         )
         self._on_change()
 
+    async def wait_ready(self, bound_s: float) -> bool:
+        """Whether the server is ready, waiting up to ``bound_s`` while it imports; False at once
+        when none is starting (warm starts off, or it could not start) and as soon as it dies or is
+        given up, so that a caller falls back to plain starts without waiting out the bound."""
+        if self._ready:
+            return True
+        settled = self._settled
+        if settled is None or settled.is_set() or self._popen is None:
+            return False
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(settled.wait(), bound_s)
+        return self._ready
+
     def _close(self) -> None:
         self._ready = False
+        if self._settled is not None:
+            self._settled.set()
         if self._sock is not None:
             with contextlib.suppress(ValueError, OSError):
                 asyncio.get_running_loop().remove_reader(self._sock.fileno())

@@ -63,12 +63,16 @@ def _server(agent_pid: int) -> psutil.Process | None:
 
 
 def _start(
-    cluster: Cluster, command: list[str], modules: str, env: dict[str, str] | None = None
+    cluster: Cluster,
+    command: list[str],
+    modules: str,
+    env: dict[str, str] | None = None,
+    extra: tuple[str, ...] = (),
 ) -> subprocess.Popen[bytes]:
     """The control plane, and an agent of JOB's 2 ranks whose warm-start server imports ``modules``."""
     cluster.coordinator()
     cluster.strategy()
-    extra = ["--warm-start-modules", modules, "--max-rank-restarts", "10"]
+    extra = ["--warm-start-modules", modules, "--max-rank-restarts", "10", *extra]
     return cluster.agent(JOB, nproc=2, strategies="recover-in-place,exit", command=command, extra=extra, env=env)
 
 
@@ -78,6 +82,8 @@ def test_a_restarted_rank_is_forked_from_the_warm_start_server(cluster: Cluster)
         [sys.executable, "-u", WARM_RANK, "--flag", "x y"],
         "decimal,json",
         {"WARM_RANK_FAIL_FIRST_RESTART": "1"},
+        # The first start is plain (it does not wait for the server): what a fork must look like.
+        extra=("--warm-start-wait", "0"),
     )
     logs = cluster.workdir / f"logs-{JOB}-node0"
     before = cluster.wait_running(JOB, 2)
@@ -179,7 +185,53 @@ def test_a_dead_warm_start_server_is_replaced(cluster: Cluster) -> None:
         timeout=40,
     )
     ids = cluster.wait_for("two identities", lambda: (i := _identities(logs / "rank0.log"))[1:] and i)
-    assert [i["preloaded"] for i in ids] == [False, True], ids  # forked from the new server
+    # The first start waited for the first server; the restart was forked from the new one (a
+    # plain start, with the server gone, would not have decimal imported).
+    assert [i["preloaded"] for i in ids] == [True, True], ids
+    assert ids[1]["pid"] not in (ids[0]["pid"], before[0].pid)
+
+
+def test_the_first_start_is_forked_from_the_warm_start_server(cluster: Cluster) -> None:
+    """By default the first start waits for the server, so every rank is forked from it: one
+    import per node, and the ranks look as plainly started ones do."""
+    agent = _start(cluster, [sys.executable, "-u", WARM_RANK, "--flag", "x y"], "decimal,json")
+    logs = cluster.workdir / f"logs-{JOB}-node0"
+    before = cluster.wait_running(JOB, 2)
+    assert "first start forked from the warm-start server" in cluster.logs()
+    server = _server(agent.pid)
+    assert server is not None
+    ids = [cluster.wait_for(f"rank {r}'s identity", lambda r=r: _identities(logs / f"rank{r}.log"))[0] for r in (0, 1)]
+    for rank, seen in enumerate(ids):
+        assert seen["preloaded"] is True, seen  # imported by the server, not by the script
+        assert (seen["rank"], seen["argv"], seen["name"]) == (str(rank), [WARM_RANK, "--flag", "x y"], "__main__")
+        assert seen["pgid"] == seen["pid"] == seen["sid"], seen
+        assert seen["pid"] == before[rank].pid
+        assert psutil.Process(before[rank].pid).ppid() == agent.pid  # re-parented: the agent reaps it
+    assert ids[0]["random"] != ids[1]["random"]  # reseeded in each fork
+    for rank in (0, 1):
+        assert (logs / f"rank{rank}.log").read_text().count("(warm start) ====") == 1
+
+
+@pytest.mark.parametrize(
+    ("modules", "wait", "why"),
+    [
+        ("no_such_module_here", "30", "nothing to preload"),  # given up at once: no 30 s wait
+        ("slow_import", "0.5", "not ready within 0.5s"),  # still importing when the wait ends
+    ],
+    ids=["server-gives-up", "wait-ends"],
+)
+def test_the_first_start_does_not_wait_for_a_server_that_cannot_serve(
+    cluster: Cluster, modules: str, wait: str, why: str
+) -> None:
+    """A server that gives up ends the first start's wait at once; one still importing when the
+    wait ends is not waited for longer. Either way the ranks start plainly and the log says why."""
+    _start(cluster, [sys.executable, WARM_RANK], modules, {"SLOW_IMPORT_S": "60"}, extra=("--warm-start-wait", wait))
+    logs = cluster.workdir / f"logs-{JOB}-node0"
+    cluster.wait_running(JOB, 2)
+    assert f"first start without the warm-start server ({why}" in cluster.logs(), cluster.logs()
+    for rank in (0, 1):
+        seen = cluster.wait_for(f"rank {rank}'s identity", lambda r=rank: _identities(logs / f"rank{r}.log"))[0]
+        assert seen["preloaded"] is False, seen
 
 
 def test_a_restarted_agent_adopts_a_forked_rank(cluster: Cluster) -> None:

@@ -42,3 +42,21 @@ def test_every_entry_point_defaults_to_the_same_agent_lease() -> None:
     settings = AgentSettings(job="j", node="n", argv=("true",), etcd="h:1")
     assert agent.agent_lease_ttl == run.agent_lease_ttl == adopted.agent_lease_ttl == DEFAULT_LEASE_TTL_S
     assert plugin.lease_ttl_s == settings.lease_ttl_s == DEFAULT_LEASE_TTL_S
+
+
+def test_the_warm_start_wait_has_one_default_and_refuses_a_negative_value(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--warm-start-wait`` (docs/adr/0039): the flag's default is the settings' own; below 0 is an error."""
+    from recoverd.agent.settings import AgentSettings
+    from recoverd.errors import ConfigError
+
+    parser = build_parser()
+    run = parser.parse_args(["run", "--nproc-per-node", "1", "--", "true"])
+    assert run.warm_start_wait == AgentSettings(job="j", node="n", argv=("true",), etcd="h:1").warm_start_wait_s == 30
+    assert (
+        parser.parse_args(["run", "--nproc-per-node", "1", "--warm-start-wait", "0", "--", "true"]).warm_start_wait == 0
+    )
+    with pytest.raises(SystemExit):
+        parser.parse_args(["agent", "--job", "j", "--warm-start-wait", "-1", "--", "true"])
+    assert "--warm-start-wait" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="warm-start wait"):
+        AgentSettings(job="j", node="n", argv=("true",), etcd="h:1", warm_start_wait_s=-1)

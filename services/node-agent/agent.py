@@ -319,7 +319,11 @@ class NodeAgent:
             first_start_waits = (
                 self._warm_start is not None and self._warm_start.starting and self.settings.warm_start_wait_s > 0
             )
-            if not first_start_waits:
+            if first_start_waits:
+                # A warm spare imports the framework itself: it starts now, beside the server, so
+                # that it is ready as early as it was when the first start did not wait.
+                self._warm.fill()
+            else:
                 self._launch()
             try:
                 async with asyncio.TaskGroup() as group:
@@ -357,7 +361,7 @@ class NodeAgent:
     def _launch(self) -> None:
         """The job's first start on this node: its ranks, then its warm spares."""
         assert self._warm is not None
-        self._start_all(generation=0, header="launch")
+        self._start_all(generation=0, header="launch", spares=False)
         self._warm.fill()
 
     async def _launch_when_warm(self) -> None:
@@ -374,7 +378,8 @@ class NodeAgent:
         else:
             log.info("agent %s: first start forked from the warm-start server (waited %.1fs)", self.settings.node,
                      time.monotonic() - waited)  # fmt: skip
-        self._launch()
+        # The warm spares were started before the wait; they are kept for restarts.
+        self._start_all(generation=0, header="launch", spares=False)
 
     def _machinery_ended(self, task: asyncio.Task[None]) -> None:
         """A task that must run for the agent's whole life ended (a bug, or a cancellation nobody
@@ -622,7 +627,9 @@ class NodeAgent:
             return None
         return os.path.join(self.settings.log_dir, f"rank{rank}.log")
 
-    def _start(self, slot: RankSlot, generation: int, header: str) -> None:
+    def _start(self, slot: RankSlot, generation: int, header: str, *, spares: bool = True) -> None:
+        """Start ``slot``'s rank: a waiting warm spare (unless ``spares`` is False: the first start
+        keeps them for restarts), else forked from the warm-start server, else a new process."""
         assert self._launcher is not None and self._warm is not None
         slot.generation = generation
         launch = RankLaunch(
@@ -635,7 +642,8 @@ class NodeAgent:
             f" generation {generation} restart {slot.restart_count}",
         )
         try:
-            slot.proc = self._warm.take(launch) or self._warm_started(launch) or self._launcher.start(launch)
+            spare = self._warm.take(launch) if spares else None
+            slot.proc = spare or self._warm_started(launch) or self._launcher.start(launch)
         except LaunchFailed as err:
             log.error("%s", err)
             slot.proc = None
@@ -680,11 +688,11 @@ class NodeAgent:
         log_path = os.path.join(self.settings.log_dir, "warm-spares.log") if self.settings.log_dir else None
         return RankLaunch(-1, self.settings.argv, env, self.settings.cwd, log_path, "warm spare")
 
-    def _start_all(self, generation: int, header: str) -> None:
+    def _start_all(self, generation: int, header: str, *, spares: bool = True) -> None:
         """Start every rank that has no incarnation yet (adopted and finished ones are left alone)."""
         for slot in self.table:
             if slot.proc is None and slot.state == pb.RANK_PENDING:
-                self._start(slot, max(generation, slot.generation), header)
+                self._start(slot, max(generation, slot.generation), header, spares=spares)
 
     async def _stop_ranks(self, slots: Sequence[RankSlot]) -> None:
         assert self._launcher is not None

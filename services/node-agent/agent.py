@@ -184,6 +184,9 @@ class NodeAgent:
         self._launcher: RankRuntime | None = None
         self._warm: WarmSpares | None = None
         self._warm_start: WarmStart | None = None
+        #: Held while a command is carried out and while the first start starts the ranks after its
+        #: wait: the two never interleave (a command's stop grace is an await), so no rank gets two.
+        self._starting = asyncio.Lock()
         self._wake = asyncio.Event()
         #: The keys this agent watches, as its watches last delivered them (its reconcile's reads).
         self._watched = WatchedKeys(store)
@@ -323,6 +326,8 @@ class NodeAgent:
                 # A warm spare imports the framework itself: it starts now, beside the server, so
                 # that it is ready as early as it was when the first start did not wait.
                 self._warm.fill()
+                # The ranks, pending, are in etcd during the wait: a node lost now is recovered.
+                self.outbox.mark_dirty()
             else:
                 self._launch()
             try:
@@ -340,9 +345,14 @@ class NodeAgent:
                     for task in tasks:
                         if task.get_name() != "agent-runtime":  # the process launcher has nothing to watch
                             task.add_done_callback(self._machinery_ended)
-                    if first_start_waits:  # ends once the ranks are started: not machinery
-                        tasks.append(group.create_task(self._launch_when_warm(), name="agent-first-start"))
+                    first_start = (  # ends once the ranks are started: not machinery
+                        group.create_task(self._launch_when_warm(), name="agent-first-start")
+                        if first_start_waits
+                        else None
+                    )
                     code = await self._exit_code
+                    if first_start is not None:
+                        first_start.cancel()  # ending: start nothing (the server is stopped next)
                     await self._finish(code)
                     for task in tasks:
                         task.cancel()
@@ -370,16 +380,20 @@ class NodeAgent:
         node instead of one per rank, the first start done the way every restart is, and ranks that
         share the server's frozen objects end in a tenth of the time. A server that dies or is given
         up ends the wait at once: the ranks start plainly, as they do without warm starts."""
-        assert self._warm_start is not None
+        assert self._warm_start is not None and self._exit_code is not None
         waited = time.monotonic()
-        if not await self._warm_start.wait_ready(self.settings.warm_start_wait_s):
-            why = self._warm_start.unavailable or f"not ready within {self.settings.warm_start_wait_s:g}s"
-            log.warning("agent %s: first start without the warm-start server (%s)", self.settings.node, why)
-        else:
-            log.info("agent %s: first start forked from the warm-start server (waited %.1fs)", self.settings.node,
-                     time.monotonic() - waited)  # fmt: skip
-        # The warm spares were started before the wait; they are kept for restarts.
-        self._start_all(generation=0, header="launch", spares=False)
+        ready = await self._warm_start.wait_ready(self.settings.warm_start_wait_s)
+        async with self._starting:  # a command being carried out finishes first
+            if self._exit_code.done():
+                return  # ending (the server was stopped for it): start nothing
+            if ready:
+                log.info("agent %s: first start forked from the warm-start server (waited %.1fs)", self.settings.node,
+                         time.monotonic() - waited)  # fmt: skip
+            else:
+                why = self._warm_start.unavailable or f"not ready within {self.settings.warm_start_wait_s:g}s"
+                log.warning("agent %s: first start without the warm-start server (%s)", self.settings.node, why)
+            # The warm spares were started before the wait; they are kept for restarts.
+            self._start_all(generation=0, header="launch", spares=False)
 
     def _machinery_ended(self, task: asyncio.Task[None]) -> None:
         """A task that must run for the agent's whole life ended (a bug, or a cancellation nobody
@@ -408,6 +422,9 @@ class NodeAgent:
             log.error("agent %s: ending; its ranks are the new agent's and keep running", self.settings.node)
             return
         await self._stop_ranks(self.table.running())
+        for slot in self.table:
+            if slot.proc is None and slot.state == pb.RANK_PENDING:
+                slot.state = pb.RANK_STOPPED  # never started (it ended during the first start's wait)
         assert self._warm is not None
         await self._warm.stop(self.settings.stop_grace_s)
         if self._warm_start is not None:
@@ -631,6 +648,11 @@ class NodeAgent:
         """Start ``slot``'s rank: a waiting warm spare (unless ``spares`` is False: the first start
         keeps them for restarts), else forked from the warm-start server, else a new process."""
         assert self._launcher is not None and self._warm is not None
+        if slot.is_running:  # never two processes for one rank, whatever raced to start it
+            assert slot.proc is not None
+            log.error("agent %s: rank %d still runs as pid %d: not starting another", self.settings.node, slot.rank,
+                      slot.proc.pid)  # fmt: skip
+            return
         slot.generation = generation
         launch = RankLaunch(
             rank=slot.rank,
@@ -1067,8 +1089,9 @@ class NodeAgent:
     async def _execute(self, command: pb.Command) -> None:
         """Apply one command exactly once: (epoch, seq) above the last applied one. Its rank-table
         changes are published once, with its ack (``Outbox.holding``)."""
-        with self.outbox.holding():
-            await self._carry_out(command)
+        async with self._starting:
+            with self.outbox.holding():
+                await self._carry_out(command)
 
     async def _carry_out(self, command: pb.Command) -> None:
         run = self.membership.run

@@ -232,6 +232,46 @@ def test_the_first_start_does_not_wait_for_a_server_that_cannot_serve(
     for rank in (0, 1):
         seen = cluster.wait_for(f"rank {rank}'s identity", lambda r=rank: _identities(logs / f"rank{r}.log"))[0]
         assert seen["preloaded"] is False, seen
+        assert "(warm start) ====" not in (logs / f"rank{rank}.log").read_text()  # a plain start
+
+
+def _pending_in_etcd(cluster: Cluster) -> dict[int, pb.RankStatus]:
+    """JOB's two ranks, once etcd has them, during the first start's wait (the server imports for 60 s)."""
+    ranks = cluster.wait_for("the pending ranks in etcd", lambda: len(r := cluster.ranks(JOB)) == 2 and r)
+    assert {r.state for r in ranks.values()} == {pb.RANK_PENDING}, ranks
+    assert "first start" not in cluster.logs()  # still waiting
+    return ranks
+
+
+def test_an_agent_stopped_during_the_first_starts_wait_starts_nothing(cluster: Cluster) -> None:
+    """SIGTERM while the first start waits: no rank is started on the way out, and the ranks end
+    STOPPED in etcd, so the coordinator sees a node that left, not a node lost with its ranks."""
+    _start(cluster, [sys.executable, WARM_RANK], "slow_import", {"SLOW_IMPORT_S": "60"})
+    logs = cluster.workdir / f"logs-{JOB}-node0"
+    _pending_in_etcd(cluster)
+
+    cluster.stop("agent-node0")
+
+    assert "first start" not in cluster.logs()
+    assert not any(logs.glob("rank*.log")), "a rank was started on the way out"
+    assert {r.state for r in cluster.ranks(JOB).values()} == {pb.RANK_STOPPED}
+
+
+def test_a_node_lost_during_the_first_starts_wait_is_recovered(cluster: Cluster) -> None:
+    """The pending ranks are in etcd during the wait, so a node lost then is a fault like any."""
+    agent = _start(cluster, [sys.executable, WARM_RANK], "slow_import", {"SLOW_IMPORT_S": "60"})
+    _pending_in_etcd(cluster)
+    server = cluster.wait_for("the importing server", lambda: _server(agent.pid))
+
+    cluster.kill("agent-node0")
+
+    view = cluster.wait_for("the lost node's recovery", lambda: (v := cluster.view(JOB)).recovery and v)
+    assert view.recovery is not None
+    assert {(f.source, f.node) for f in view.recovery.faults} == {(pb.SOURCE_LEASE, "node0")}
+    assert sorted(f.rank for f in view.recovery.faults) == [0, 1]
+    # The server, still importing, was re-parented to this test process (a subreaper): as init would.
+    server.kill()
+    _reap_orphans(cluster, [server.pid])
 
 
 def test_a_restarted_agent_adopts_a_forked_rank(cluster: Cluster) -> None:

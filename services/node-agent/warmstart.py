@@ -432,7 +432,10 @@ class WarmStart:
                 data += chunk
         finally:
             sock.setblocking(False)
-        answer = json.loads(data.split(b"\n", 1)[0])
+        try:
+            answer = json.loads(data.split(b"\n", 1)[0])
+        except ValueError as err:  # garbage: a broken server, given up as one that did not answer
+            raise OSError(f"unreadable answer ({err})") from err
         if not isinstance(answer, dict):
             raise OSError(f"unexpected answer {answer!r}")
         return answer

@@ -87,3 +87,26 @@ def test_a_forked_rank_takes_its_environment_changing_only_what_differs(monkeypa
 
     assert dict(os.environ) == {"PATH": "/bin", "RANK": "3", "LOCAL_RANK": "3"}
     assert sorted(written) == ["-RECOVERD_WARM_START_ROOM", "LOCAL_RANK", "RANK"]
+
+
+@pytest.mark.parametrize("answer", [b"not json\n", b"[1, 2]\n", b""], ids=["garbage", "not-an-object", "closed"])
+def test_an_unreadable_answer_is_a_server_that_did_not_answer(answer: bytes) -> None:
+    """A fork request answered with garbage raises OSError, which spawn() turns into a plain start
+    and a server given up as lost: never an exception out of the agent's rank start."""
+    import socket
+    import sys
+
+    from recoverd.agent.warmstart import WarmStart
+
+    warm = WarmStart(None, [sys.executable, "train.py"], {}, None, "auto", None)  # type: ignore[arg-type]
+    ours, theirs = socket.socketpair()
+    try:
+        warm._sock = ours
+        theirs.sendall(answer)
+        if not answer:
+            theirs.close()
+        with pytest.raises(OSError):
+            warm._ask({"cmdline": ["x"]})
+    finally:
+        ours.close()
+        theirs.close()

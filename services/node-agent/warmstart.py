@@ -332,11 +332,11 @@ class WarmStart:
         given up, so that a caller falls back to plain starts without waiting out the bound."""
         if self._ready:
             return True
-        settled = self._settled
-        if settled is None or settled.is_set() or self._popen is None:
+        if not self.starting:
             return False
+        assert self._settled is not None  # starting implies it
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(settled.wait(), bound_s)
+            await asyncio.wait_for(self._settled.wait(), bound_s)
         return self._ready
 
     def _close(self) -> None:

@@ -137,6 +137,11 @@ class _Generation:
     backends: tuple[Any, ...] = ()
 
 
+def _member_key(generation: int, rank: int) -> str:
+    """The store key a rank writes when it joins a generation (its incarnation and joining note)."""
+    return f"g{generation}/member/{rank}"
+
+
 class ResilientGroup:
     """``group = ResilientGroup(store, rank, world_size)``; ``group.form()``; collectives; on
     :class:`GroupFailed`, ``group.form()`` again."""
@@ -283,7 +288,7 @@ class ResilientGroup:
             number = int(seen)
             if not self._seated(number):
                 return None
-            member, abort = f"g{number}/member/{self.rank}", f"g{number}/abort"
+            member, abort = _member_key(number, self.rank), f"g{number}/abort"
             if self.store.put_if(member, self._member_value(), absent=(member, abort), equal={"gen": seen}):
                 return number
         number = int(self.store.compare_set("gen", "", "0"))
@@ -293,7 +298,7 @@ class ResilientGroup:
             return None
         if not self._seated(number):
             return None
-        member, mine = f"g{number}/member/{self.rank}", self._member_value()
+        member, mine = _member_key(number, self.rank), self._member_value()
         held = self.store.compare_set(member, "", mine).decode()
         if held != mine:
             # My predecessor joined this generation: it can never complete. Abort it.
@@ -314,7 +319,7 @@ class ResilientGroup:
         number = self.generation
         if number < 0:
             raise GroupFailed("no process group: form() first")
-        values = self.store.multi_get([f"g{number}/member/{r}" for r in range(self.world_size)])
+        values = self.store.multi_get([_member_key(number, r) for r in range(self.world_size)])
         return [value.decode().partition(" ")[2] for value in values]
 
     def _seated(self, number: int) -> bool:

@@ -1,7 +1,8 @@
 """`make demo`: a 4-rank job loses rank 2 to SIGKILL and only rank 2 is restarted.
 
-Runs ``recoverd run --nproc-per-node 4 --strategies recover-in-place,exit`` (embedded etcd,
-coordinator, strategy selector and node agent in one command) over ``examples/worker.py``, waits for
+Runs ``recoverd run --nproc-per-node 4 --strategies recover-in-place,exit --independent-ranks``
+(embedded etcd, coordinator, strategy selector and node agent in one command) over
+``examples/worker.py``, whose ranks never talk to each other (ADR 0040), waits for
 the ranks, kills rank 2 with SIGKILL, then prints what an operator would look at: the rank table
 before and after, the incident's events and its timeline phase by phase. The job then finishes and
 ``recoverd run`` exits 0. No torch needed.
@@ -78,10 +79,15 @@ def main() -> int:
     out_path = workdir / "recoverd-run.log"
     argv = [
         sys.executable, "-m", "recoverd.cli.main", "run", "--job", JOB, "--nproc-per-node", "4",
-        "--strategies", "recover-in-place,exit", "--log-dir", str(workdir / "logs"), "--fault-window", "0.05",
-        "--", sys.executable, str(ROOT / "examples" / "worker.py"), "--steps", "40", "--step-time", "0.1",
+        "--strategies", "recover-in-place,exit", "--independent-ranks", "--log-dir", str(workdir / "logs"),
+        "--fault-window", "0.05", "--", sys.executable, str(ROOT / "examples" / "worker.py"),
+        "--steps", "40", "--step-time", "0.1",
     ]  # fmt: skip
-    print("$ recoverd run --job demo --nproc-per-node 4 --strategies recover-in-place,exit -- python worker.py")
+    # worker.py's ranks never talk to each other: one restarted alone goes on with no client (ADR 0040).
+    print(
+        "$ recoverd run --job demo --nproc-per-node 4 --strategies recover-in-place,exit --independent-ranks"
+        " -- python worker.py"
+    )
     run = start_run(argv, out_path)
     try:
         endpoint = etcd_endpoint(out_path)

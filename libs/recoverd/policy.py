@@ -9,6 +9,8 @@ Format (every key optional; docs/policy.md)::
       exit: {max: 3, window_s: 600}                # the job's restart budget
     spares: [node7, node8]                  # only these --spare agents take ranks (default: any)
     allow_rank0_in_place: true              # may rank 0's node be recovered in place?
+    independent_ranks: false                # true: ranks never talk to each other (a plain script's
+                                            # rank may then be restarted alone; docs/adr/0040)
     hang:                                   # progress-based hang and straggler detection
       timeout: 0          # seconds; 0 = learned: multiplier x the step time, at least floor
       multiplier: 3
@@ -64,7 +66,7 @@ DEADLINE_KEYS = {
     "recover": "recover_s",
 }
 DEFAULT_BUDGET_WINDOW_S = 600.0
-_TOP_KEYS = ("strategies", "deadlines", "budgets", "spares", "allow_rank0_in_place", "hang")
+_TOP_KEYS = ("strategies", "deadlines", "budgets", "spares", "allow_rank0_in_place", "independent_ranks", "hang")
 #: The file's hang keys -> (pb.HangPolicy field, kind): seconds, ratio (> 1 or >= 1), count, ...
 HANG_KEYS = {
     "enabled": ("enabled", "bool"),
@@ -107,6 +109,8 @@ class JobPolicy:
     budgets: tuple[tuple[str, Budget], ...] = ()
     spares: tuple[str, ...] = ()
     allow_rank0_in_place: bool = True
+    #: The ranks never talk to each other: one restarted alone needs no client to go on (ADR 0040).
+    independent_ranks: bool = False
     #: The ``hang`` section, already in stored form; None when the file has none.
     hang: pb.HangPolicy | None = None
 
@@ -117,7 +121,7 @@ class JobPolicy:
         """The stored policy. ``base`` supplies what the file does not set: the strategies and the
         flag-level budgets (max_rank_restarts, max_job_restarts, restart_window_s, and the budgets
         of recover-in-place and exit); deadlines, other budgets, spares and allow_rank0_in_place
-        come from the file alone."""
+        come from the file alone; independent_ranks is true when either says so."""
         out = pb.Policy(strategies=["exit"], max_rank_restarts=3, max_job_restarts=3, restart_window_s=600.0)
         if base is not None:
             out.strategies[:] = list(base.strategies) or ["exit"]
@@ -127,6 +131,8 @@ class JobPolicy:
             for kept in ("recover-in-place", "exit"):
                 if kept in base.budgets:
                     out.budgets[kept].CopyFrom(base.budgets[kept])
+            if base.independent_ranks:
+                out.independent_ranks = True
         if self.strategies is not None:
             out.strategies[:] = list(self.strategies)
         for name in DEADLINE_KEYS.values():
@@ -143,6 +149,8 @@ class JobPolicy:
             out.max_job_restarts = ex.max
         out.spares[:] = list(self.spares)
         out.allow_rank0_in_place = self.allow_rank0_in_place
+        if self.independent_ranks:
+            out.independent_ranks = True
         if self.hang is not None:
             out.hang.CopyFrom(self.hang)
         return out
@@ -285,12 +293,16 @@ def parse_policy(text: str, where: str = "policy") -> JobPolicy:
     allow = raw.get("allow_rank0_in_place", True)
     if not isinstance(allow, bool):
         raise _fail(where, "allow_rank0_in_place", allow, "expected true or false")
+    independent = raw.get("independent_ranks", False)
+    if not isinstance(independent, bool):
+        raise _fail(where, "independent_ranks", independent, "expected true or false")
     return JobPolicy(
         strategies=_strategy_list(where, raw["strategies"]) if "strategies" in raw else None,
         deadlines=_deadlines(where, raw["deadlines"]) if "deadlines" in raw else Deadlines(),
         budgets=_budgets(where, raw["budgets"]) if "budgets" in raw else (),
         spares=_spares(where, raw["spares"]) if "spares" in raw else (),
         allow_rank0_in_place=allow,
+        independent_ranks=independent,
         hang=_hang(where, raw["hang"]) if "hang" in raw else None,
     )
 
@@ -320,6 +332,7 @@ def policy_dict(policy: pb.Policy) -> dict[str, Any]:
         "budgets": {s: budgets[s] for s in KNOWN_STRATEGIES if s in budgets},
         "spares": list(policy.spares),
         "allow_rank0_in_place": policy.allow_rank0_in_place if policy.HasField("allow_rank0_in_place") else True,
+        "independent_ranks": policy.independent_ranks,
         "hang": _hang_dict(policy.hang),
     }
 

@@ -134,6 +134,9 @@ class AdoptRuntime(Launcher):
 
     #: Only the captured ranks can be restarted (their own command lines): nothing moves here.
     starts_any_rank = False
+    #: reset_process jobs restart fault processes in place by design (MindCluster's reset.json
+    #: RestartFaultProcess): their framework rejoins.
+    rejoins_alone = True
 
     def __init__(
         self,

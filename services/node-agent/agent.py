@@ -248,6 +248,8 @@ class NodeAgent:
         if fid in self._reported:
             return
         self._reported.add(fid)
+        if found.kind is not FaultKind.EXIT:  # an exit has its own line (_on_rank_exit)
+            log.warning("rank %d %s fault: %s", slot.rank, found.kind.value, found.detail)
         self.outbox.add_fault(
             pb.Fault(
                 fault_id=fid,
@@ -286,7 +288,9 @@ class NodeAgent:
         loop = asyncio.get_running_loop()
         self._exit_code = loop.create_future()
         self._launcher = self._runtime_factory(self._on_rank_exit, self._protected_pids)
-        self.membership.strategies, _ = declaration(self._offered_strategies(), {}, self.slots.keys())
+        self.membership.strategies, _ = declaration(
+            self._offered_strategies(), {}, self.slots.keys(), rejoins_alone=self._rejoins_alone()
+        )
         self._warm = WarmSpares(
             self._launcher,
             self._spare_launch,
@@ -800,10 +804,11 @@ class NodeAgent:
         if self._launcher is None:
             return
         offered = self._offered_strategies()
+        alone = self._rejoins_alone()
         if self.rank_clients is not None:
-            strategies, answers = self.rank_clients.declaration(offered)
+            strategies, answers = self.rank_clients.declaration(offered, rejoins_alone=alone)
         else:
-            strategies, answers = declaration(offered, {}, self.slots.keys())
+            strategies, answers = declaration(offered, {}, self.slots.keys(), rejoins_alone=alone)
         if (strategies, answers) != (self.membership.strategies, self.membership.answers_for_ranks):
             self.membership.strategies, self.membership.answers_for_ranks = strategies, answers
             self.membership.is_record_stale = True
@@ -946,8 +951,9 @@ class NodeAgent:
             why = "a hang drill needs hang detection on this agent (it runs with --no-hang-detection)"
         elif drill.kind == "hang" and hang is not None and not hang.watches(drill.rank):
             why = (
-                f"rank {drill.rank} has reported no progress (taskd_client.heartbeat, or the policy's"
-                " hang.log_pattern), so its hang would not be found: stopping it would wedge the job unseen"
+                f"rank {drill.rank} has shown no progress (no taskd_client.heartbeat, no output or no line"
+                " matching the policy's hang.log_pattern), so its hang would not be found: stopping it would"
+                " wedge the job unseen"
             )
         elif not _same_process(proc):
             why = f"rank {drill.rank}'s pid {proc.pid} is another process now"
@@ -1179,6 +1185,17 @@ class NodeAgent:
         assert self._launcher is not None
         movable = self._launcher.starts_any_rank
         return tuple(s for s in AGENT_STRATEGIES if movable or s != "recover")
+
+    def _rejoins_alone(self) -> bool:
+        """Whether a rank of this node that runs no recoverd client may be restarted alone: its
+        runtime's framework rejoins by itself, or the job says its ranks never talk to each other
+        (``independent_ranks``). Else its declaration leaves `recover-in-place` out (ADR 0040)."""
+        assert self._launcher is not None
+        spec = self.membership.spec
+        independent = spec is not None and spec.policy.independent_ranks
+        settings_policy = self.settings.policy
+        independent = independent or (settings_policy is not None and settings_policy.independent_ranks)
+        return self._launcher.rejoins_alone or independent
 
     async def _answer(self, recovery: pb.Recovery) -> None:
         """Answer the current phase for this node's ranks, once per (epoch, phase)."""

@@ -5,10 +5,12 @@ shell); the agent then writes one report per phase for all of them, so a recover
 follow the nodes, not the ranks. The rules:
 
 * **Declaration** (:func:`declaration`): once every rank of the node has joined, the node
-  declares the strategies that it and every rank can carry out. A rank's offer is kept across its
-  restarts (a rank that is restarting has not withdrawn it); an agent carries out its own
-  strategies and relays :data:`~recoverd.strategies.RELAYED_TO_RANKS` to the ranks. A node that
-  holds no rank does not rule out what only ranks carry out.
+  declares the strategies that it and every rank can carry out. Before that its ranks are plain
+  processes, and unless they can rejoin their group alone (``rejoins_alone``: independent ranks,
+  or a runtime whose framework rejoins) `recover-in-place` is left out (docs/adr/0040).
+  A rank's offer is kept across its restarts (a rank that is restarting has not withdrawn it); an
+  agent carries out its own strategies and relays :data:`~recoverd.strategies.RELAYED_TO_RANKS`
+  to the ranks. A node that holds no rank does not rule out what only ranks carry out.
 * **A round** (:class:`Round`) is one phase's answer for the node. STOPPING: every joined rank that
   is not faulty acknowledged the stop (a rank that leaves meanwhile is stopped too). RECOVERING
   with a strategy carried out by the ranks (:data:`~recoverd.strategies.CARRIED_OUT_BY_RANKS`: a
@@ -33,15 +35,20 @@ __all__ = ["Outcome", "Round", "declaration", "open_round"]
 
 
 def declaration(
-    agent_offer: Sequence[str], offers: Mapping[int, Sequence[str]], held: Collection[int]
+    agent_offer: Sequence[str],
+    offers: Mapping[int, Sequence[str]],
+    held: Collection[int],
+    *,
+    rejoins_alone: bool = True,
 ) -> tuple[tuple[str, ...], bool]:
     """(strategies, answers_for_ranks) for the node record, given the ranks it holds (``held``)
     and the offers of the ranks that joined (kept while a rank restarts).
 
     * Every held rank has joined: the node answers for them, and declares what the agent (with
       what it relays) and every one of them can do, in :data:`ALL_STRATEGIES` order.
-    * Some have not (yet): the node speaks for none and declares the agent's own offer. Answering
-      for some ranks only would leave the others out of a stop or a dump.
+    * Some have not (yet): the node speaks for none and declares the agent's own offer, less
+      `recover-in-place` unless ``rejoins_alone``: a plain rank restarted alone cannot rejoin a
+      running group. Answering for some ranks only would leave the others out of a stop or a dump.
     * It holds no rank (an idle spare): nothing of a strategy the ranks carry out is its to do,
       so it does not rule one out (the coordinator's answer for the uninvolved agents is the
       intersection of every declaration): it declares those too.
@@ -49,7 +56,7 @@ def declaration(
     if not held:
         return tuple(s for s in ALL_STRATEGIES if s in set(agent_offer) | RELAYED_TO_RANKS), False
     if not set(held) <= offers.keys():
-        return tuple(agent_offer), False
+        return tuple(s for s in agent_offer if rejoins_alone or s != "recover-in-place"), False
     can = set(agent_offer) | RELAYED_TO_RANKS
     for rank in held:
         can &= set(offers[rank])

@@ -241,6 +241,9 @@ class Launcher:
     #: Any rank can be started here from the job's command: this node can take ranks moved from
     #: another node (`recover` to a spare).
     starts_any_rank = True
+    #: A plain command's rank restarted alone cannot rejoin its group (unless the job says its
+    #: ranks are independent, or they run a recoverd client: the agent decides, ADR 0040).
+    rejoins_alone = False
 
     def __init__(
         self,

@@ -72,6 +72,8 @@ class MsrunRuntime:
 
     #: msrun starts only its own node's workers.
     starts_any_rank = False
+    #: MindSpore's own fault-process restart rejoins the group (ARF, ENABLE_RESTART_FAULT_PROCESS).
+    rejoins_alone = True
 
     def __init__(
         self,

@@ -118,10 +118,10 @@ class RankClients:
             self._sock = None
 
     # ---------------------------------------------------------------- what the agent asks
-    def declaration(self, agent_offer: tuple[str, ...]) -> tuple[tuple[str, ...], bool]:
+    def declaration(self, agent_offer: tuple[str, ...], *, rejoins_alone: bool = True) -> tuple[tuple[str, ...], bool]:
         """(strategies, answers_for_ranks) for the node record (``aggregate.declaration``), over
         the ranks this node holds now."""
-        return declaration(agent_offer, self.offers, self._slots().keys())
+        return declaration(agent_offer, self.offers, self._slots().keys(), rejoins_alone=rejoins_alone)
 
     def answer(
         self, key: tuple[int, str, str], phase: str, strategy: str, uuid: str, faulty: Collection[int]

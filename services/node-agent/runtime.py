@@ -21,6 +21,11 @@ OnExit = Callable[[RankProcess, ExitInfo], None]
 class RankRuntime(Protocol):
     #: Whether ranks of other nodes can be started here (a `recover` moves ranks to a spare).
     starts_any_rank: bool
+    #: Whether a rank restarted alone goes on with its running peers though it runs no recoverd
+    #: client: its framework rejoins by itself (msrun's MindSpore, processes adopted from
+    #: reset_process) or its ranks are simulated. False for a plain command: a plain script's rank
+    #: restarted alone waits in init_process_group for peers that never come (docs/adr/0040).
+    rejoins_alone: bool
 
     @property
     def processes(self) -> frozenset[RankProcess]:

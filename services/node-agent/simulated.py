@@ -77,6 +77,8 @@ class SimRuntime:
     """Ranks that live in memory: started at once, ended by :meth:`crash` or :meth:`stop`."""
 
     starts_any_rank = True
+    #: Simulated ranks form no group.
+    rejoins_alone = True
 
     def __init__(
         self,

@@ -19,6 +19,9 @@ MindCluster's ``chooseStrategy`` (reference/mindcluster-contract.md section 6):
   elastic-training (or an upgrade) only dump -> exit remain; after a failed dump only exit; after a failed exit
   the job gives up (killMaster);
 * a lost node (its agent's lease expired) rules out recover-in-place: nobody is there to restart;
+* ranks that run no recoverd client (``Request.plain_nodes``: their node's declaration leaves
+  recover-in-place out) rule it out too: a plain script's rank restarted alone cannot rejoin its
+  running group, it would wait in ``init_process_group`` for good (docs/adr/0040);
 * ``allow_rank0_in_place: false`` rules out recover-in-place when rank 0's node has a fault;
   elastic-training (downgrade) is never used then, as upstream;
 * budgets: at most ``max`` uses of a strategy per ``window_s`` (the policy's ``budgets``;
@@ -112,6 +115,8 @@ class Request:
     lost_nodes: tuple[str, ...] = ()
     #: Nodes an operator is draining (``recoverctl drain``): their ranks must move, never restart there.
     drained_nodes: tuple[str, ...] = ()
+    #: Nodes whose ranks run no recoverd client and cannot rejoin their group alone (ADR 0040).
+    plain_nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +179,12 @@ def choose(request: Request, *, implemented: frozenset[str] = _IMPLEMENTED) -> D
     )
 
 
+def _names(nodes: Sequence[str], shown: int = 4) -> str:
+    """At most ``shown`` node names, then how many more (a reason must not grow with the job)."""
+    more = f" and {len(nodes) - shown} more" if len(nodes) > shown else ""
+    return ", ".join(nodes[:shown]) + more
+
+
 def _rank0_node_faulty(request: Request) -> bool:
     if 0 in request.fault_ranks:
         return True
@@ -198,6 +209,13 @@ def _rule_out(strategy: str, request: Request, allowed: Sequence[str], implement
         return f"node(s) {list(request.drained_nodes)} being drained: their ranks must move off them"
     if strategy == "recover-in-place" and request.lost_nodes:
         return f"node(s) {list(request.lost_nodes)} lost: no agent there to restart ranks in place"
+    if strategy == "recover-in-place" and request.plain_nodes:
+        return (
+            f"the ranks on node(s) {_names(request.plain_nodes)} run no recoverd client: a plain script's rank"
+            " restarted alone cannot rejoin its running group (it would wait in init_process_group for good),"
+            " so every rank is restarted; a job whose ranks never talk to each other says independent_ranks"
+            " (docs/policy.md)"
+        )
     if strategy == "recover-in-place" and not policy.allow_rank0_in_place and _rank0_node_faulty(request):
         where = f" ({request.rank0_node})" if request.rank0_node else ""
         return f"rank 0's node{where} has a fault and the policy says allow_rank0_in_place: false"

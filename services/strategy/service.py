@@ -19,14 +19,14 @@ from recoverd import events
 from recoverd.aiotools import leaf_errors, supervised_group
 from recoverd.controller import JobController
 from recoverd.errors import RecoverdError
-from recoverd.jobview import idle_spares, node_of_rank, read_job
+from recoverd.jobview import JobView, idle_spares, node_of_rank, read_job
 from recoverd.keys import Keyspace, RunRef
 from recoverd.records import encode, pb, ts_from_s, ts_to_s
 from recoverd.store import Absent, Put, Store
 from recoverd.strategies import DRAIN_KIND
 from recoverd.strategy.selector import Outcome, PolicyView, Request, choose
 
-__all__ = ["StrategyService", "request_from_records"]
+__all__ = ["StrategyService", "plain_nodes", "request_from_records"]
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +41,11 @@ def request_from_records(
     rank0_node: str = "",
     spares: tuple[str, ...] = (),
     live_nodes: frozenset[str] | None = None,
+    plain_nodes: tuple[str, ...] = (),
 ) -> Request:
     """The selector's input, from the stored records (``rank0_node``: where rank 0 runs, if known;
-    ``spares``: the idle spare nodes; ``live_nodes``: nodes whose agent is alive, None if unknown)."""
+    ``spares``: the idle spare nodes; ``live_nodes``: nodes whose agent is alive, None if unknown;
+    ``plain_nodes``: :func:`plain_nodes`)."""
     fault_nodes = tuple(sorted({f.node for f in recovery.faults if f.node}))
     policy = spec.policy
     window = policy.restart_window_s or 600.0
@@ -72,6 +74,22 @@ def request_from_records(
         lost_nodes=tuple(n for n in fault_nodes if live_nodes is not None and n not in live_nodes),
         drained_nodes=tuple(sorted({f.node for f in recovery.faults if f.node and f.kind == DRAIN_KIND})),
         unplaced_ranks=tuple(sorted({f.rank for f in recovery.faults if not f.node})),
+        plain_nodes=() if policy.independent_ranks else plain_nodes,
+    )
+
+
+def plain_nodes(view: JobView) -> tuple[str, ...]:
+    """The nodes whose ranks run no recoverd client and cannot rejoin their group alone: a job with
+    no client of its own, and a node holding ranks whose declaration leaves recover-in-place out
+    (its agent's rule, ADR 0040). A node that declares nothing (an older agent) is not counted."""
+    if view.clients:
+        return ()
+    return tuple(
+        sorted(
+            name
+            for name, record in view.nodes.items()
+            if record.ranks and record.strategies and "recover-in-place" not in record.strategies
+        )
     )
 
 
@@ -131,7 +149,14 @@ class StrategyService:
         now = time.time()
         rank0_node = node_of_rank(view).get(0, "")
         request = request_from_records(
-            view.spec, recovery, view.history, now, rank0_node, idle_spares(view), frozenset(view.nodes)
+            view.spec,
+            recovery,
+            view.history,
+            now,
+            rank0_node,
+            idle_spares(view),
+            frozenset(view.nodes),
+            plain_nodes(view),
         )
         decision = choose(request)
         record = pb.Decision(
@@ -162,4 +187,8 @@ class StrategyService:
         )
         result = await self.store.txn([Absent(key)], [Put(key, encode(record)), note])
         if result.succeeded:
-            log.info("job %s epoch %d: %s", job, recovery.epoch, summary)
+            # What the operator of `recoverd run` sees: the choice, and why the strategies the
+            # policy allowed before it were not taken (the full list: `recoverctl decisions`).
+            allowed = set(request.policy.strategies)
+            refused = [r for r in decision.reasons if r.split(":", 1)[0] in allowed and ": no, " in r]
+            log.info("job %s epoch %d: %s%s", job, recovery.epoch, summary, "".join(f"; {r}" for r in refused))

@@ -112,8 +112,14 @@ class Cluster:
         extra: Sequence[str] = (),
         command: Sequence[str] | None = None,
         env: dict[str, str] | None = None,
+        independent: bool | None = None,
     ) -> subprocess.Popen[bytes]:
-        """Start the agent of ``node``; its ranks run examples/worker.py with ``worker``, or ``command``."""
+        """Start the agent of ``node``; its ranks run examples/worker.py with ``worker``, or ``command``.
+
+        ``independent``: pass ``--independent-ranks`` (ADR 0040). By default it is passed for the
+        ranks that are independent processes, examples/worker.py and ``sleep``, so that a plain rank
+        is restarted alone as these tests expect; a command of ranks that form a group never gets it.
+        """
         args = [
             "agent", "--etcd", self.endpoint, "--prefix", self.prefix, "--job", job, "--node", node,
             "--nproc-per-node", str(nproc), "--nnodes", str(nnodes), "--node-rank", str(node_rank),
@@ -124,6 +130,10 @@ class Cluster:
         if nnodes > 1:
             args += ["--master-addr", "127.0.0.1"]
         rank_argv = list(command) if command is not None else [sys.executable, WORKER, *worker]
+        if independent is None:
+            independent = WORKER in rank_argv or rank_argv[0] == "sleep"
+        if independent:
+            args.append("--independent-ranks")
         return self.spawn(f"agent-{node}", [*args, "--", *rank_argv], env=env)
 
     def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:

@@ -282,3 +282,17 @@ def test_a_downgrade_through_the_agents_waits_for_the_survivors_and_takes_the_dr
         RecoverStatusReported(2, "agent.n3", 1, "elastic-training", "rank 0 would not stop"),
         RecoverStatusReported(2, "agents", 0, "elastic-training"),
     ]
+
+
+def test_plain_ranks_that_cannot_rejoin_alone_are_not_offered_recover_in_place() -> None:
+    """ADR 0040: until its ranks joined through a client, a node of plain ranks that cannot rejoin
+    their group alone leaves recover-in-place out; ranks that joined offer what they offer."""
+    offer = ("recover-in-place", "recover", "exit")
+    assert declaration(offer, {}, {0, 1}, rejoins_alone=False) == (("recover", "exit"), False)
+    assert declaration(offer, {0: ("recover-in-place", "exit")}, {0, 1}, rejoins_alone=False) == (
+        ("recover", "exit"),
+        False,
+    )
+    joined = {0: ("recover-in-place", "exit"), 1: ("recover-in-place", "exit")}
+    assert declaration(offer, joined, {0, 1}, rejoins_alone=False) == (("recover-in-place", "exit"), True)
+    assert declaration(offer, {}, {0, 1}, rejoins_alone=True) == (offer, False)

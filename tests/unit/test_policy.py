@@ -168,3 +168,21 @@ def test_selector_input_from_the_stored_policy() -> None:
     legacy = request_from_records(pb.JobSpec(name="j"), recovery, None, 0.0)
     assert legacy.policy.allow_rank0_in_place is True
     assert legacy.policy.budget("exit") == (3, 600.0) and legacy.policy.budget("dump") is None
+
+
+def test_independent_ranks_from_the_file_or_the_flag() -> None:
+    assert parse_policy("independent_ranks: true").to_pb().independent_ranks is True
+    assert parse_policy("strategies: [exit]").to_pb().HasField("independent_ranks") is False
+    # The flag (base) or the file: either says so.
+    assert parse_policy("strategies: [exit]").to_pb(pb.Policy(independent_ranks=True)).independent_ranks is True
+    assert policy_dict(parse_policy("independent_ranks: true").to_pb())["independent_ranks"] is True
+    with pytest.raises(ConfigError, match="independent_ranks: 'yes' is not valid; expected true or false"):
+        parse_policy("independent_ranks: 'yes'")
+
+
+def test_an_independent_job_has_no_plain_nodes_for_the_selector() -> None:
+    recovery = pb.Recovery(faults=[pb.Fault(rank=1, node="n0", fault_type="1")])
+    plain = request_from_records(pb.JobSpec(name="j"), recovery, None, 0.0, plain_nodes=("n0",))
+    assert plain.plain_nodes == ("n0",)
+    spec = pb.JobSpec(name="j", policy=pb.Policy(independent_ranks=True))
+    assert request_from_records(spec, recovery, None, 0.0, plain_nodes=("n0",)).plain_nodes == ()

@@ -204,3 +204,36 @@ def test_a_rank_whose_loop_is_over_is_not_judged_until_it_reports_again() -> Non
     assert tracker.hangs(now=1_000.0) == [] and tracker.next_deadline(now=1_000.0) is None
     tracker.progress(0, 100, 21, now=1_000.0)  # it trains again
     assert [h.rank for h in tracker.hangs(now=1_006.0)] == [0]
+
+
+def test_output_is_progress_with_a_larger_floor_unless_the_process_is_stopped() -> None:
+    """ADR 0041: a plain script's output is its cadence; a silence of output_floor_s is a hang, a
+    stopped process is judged with the ordinary floor."""
+    rules = HangRules(multiplier=3, floor_s=5, startup_s=60, warmup_steps=3, output_floor_s=60)
+    tracker = ProgressTracker(rules)
+    tracker.started(0, 100, now=0.0)
+    tracker.started(1, 101, now=0.0)
+    now = 0.0
+    for tick in range(10):
+        now = tick * 0.5
+        assert tracker.progress(0, 100, None, now, by_output=True)
+        assert tracker.progress(1, 101, None, now, by_output=True)
+    assert tracker.timeout(0) == (60.0, "the floor for a rank known only by its output; 3 x step time 0.50s is less")
+    assert tracker.timeout(0, stopped=True)[0] == 5.0
+    assert tracker.next_deadline(now) == pytest.approx(now + 5.0)  # a stopped one is judged then
+    stopped = {101}
+    assert [h.rank for h in tracker.hangs(now + 5.1, lambda pid: pid in stopped)] == [1]
+    assert tracker.hangs(now + 59.9, lambda pid: pid in stopped) == []  # rank 0 runs: not yet
+    assert [h.rank for h in tracker.hangs(now + 60.1, lambda pid: pid in stopped)] == [0]
+
+
+def test_once_a_client_reports_its_ranks_output_is_no_longer_progress() -> None:
+    tracker = ProgressTracker(HangRules(multiplier=3, floor_s=5, startup_s=60, warmup_steps=3))
+    tracker.started(0, 100, now=0.0)
+    assert tracker.progress(0, 100, None, 0.5, by_output=True)  # before the client: output counts
+    last = _steady(tracker, 0, 100, step_s=0.5, steps=10, t0=1.0)
+    assert tracker.timeout(0)[0] == 5.0  # a client's rank: the ordinary floor
+    # A logging thread goes on printing while the training loop is stuck: still a hang.
+    for tick in range(1, 20):
+        assert not tracker.progress(0, 100, None, last + tick * 0.5, by_output=True)
+    assert [h.rank for h in tracker.hangs(last + 5.1)] == [0]

@@ -387,3 +387,17 @@ def test_every_strategy_is_implemented_in_this_version() -> None:
         request = ladder(policy=policy, fault_types=("0",), fault_nodes=("n1",), spares=("s0",))
         assert choose(request).strategy == strategy
         assert not any("not implemented" in r for r in choose(request).reasons)
+
+
+def test_ranks_that_run_no_client_are_never_restarted_alone() -> None:
+    """ADR 0040: a plain script's rank restarted alone would wait in init_process_group for good."""
+    plain = Request((2,), policy=RIP, now=NOW, fault_nodes=("n0",), plain_nodes=("n0", "n1"))
+    decision = choose(plain)
+    assert decision.strategy == "exit"
+    why = next(r for r in decision.reasons if r.startswith("recover-in-place: no"))
+    assert "n0, n1 run no recoverd client" in why and "init_process_group" in why and "independent_ranks" in why
+    # A job of a hundred plain nodes: the reason names a few, not all of them.
+    many = choose(Request((2,), policy=RIP, now=NOW, plain_nodes=tuple(f"n{i}" for i in range(100))))
+    assert "n0, n1, n2, n3 and 96 more" in next(r for r in many.reasons if r.startswith("recover-in-place: no"))
+    # Nothing else changes: ranks that can rejoin are restarted alone as before.
+    assert choose(Request((2,), policy=RIP, now=NOW, fault_nodes=("n0",))).strategy == "recover-in-place"

@@ -95,7 +95,7 @@ ACTION_START_RANKS: CommandAction
 ACTION_RELEASE_RANKS: CommandAction
 
 class Policy(_message.Message):
-    __slots__ = ("strategies", "max_rank_restarts", "max_job_restarts", "restart_window_s", "deadlines", "budgets", "spares", "allow_rank0_in_place", "hang")
+    __slots__ = ("strategies", "max_rank_restarts", "max_job_restarts", "restart_window_s", "deadlines", "budgets", "spares", "allow_rank0_in_place", "hang", "independent_ranks")
     class BudgetsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +112,7 @@ class Policy(_message.Message):
     SPARES_FIELD_NUMBER: _ClassVar[int]
     ALLOW_RANK0_IN_PLACE_FIELD_NUMBER: _ClassVar[int]
     HANG_FIELD_NUMBER: _ClassVar[int]
+    INDEPENDENT_RANKS_FIELD_NUMBER: _ClassVar[int]
     strategies: _containers.RepeatedScalarFieldContainer[str]
     max_rank_restarts: int
     max_job_restarts: int
@@ -121,7 +122,8 @@ class Policy(_message.Message):
     spares: _containers.RepeatedScalarFieldContainer[str]
     allow_rank0_in_place: bool
     hang: HangPolicy
-    def __init__(self, strategies: _Optional[_Iterable[str]] = ..., max_rank_restarts: _Optional[int] = ..., max_job_restarts: _Optional[int] = ..., restart_window_s: _Optional[float] = ..., deadlines: _Optional[_Union[PolicyDeadlines, _Mapping]] = ..., budgets: _Optional[_Mapping[str, Budget]] = ..., spares: _Optional[_Iterable[str]] = ..., allow_rank0_in_place: _Optional[bool] = ..., hang: _Optional[_Union[HangPolicy, _Mapping]] = ...) -> None: ...
+    independent_ranks: bool
+    def __init__(self, strategies: _Optional[_Iterable[str]] = ..., max_rank_restarts: _Optional[int] = ..., max_job_restarts: _Optional[int] = ..., restart_window_s: _Optional[float] = ..., deadlines: _Optional[_Union[PolicyDeadlines, _Mapping]] = ..., budgets: _Optional[_Mapping[str, Budget]] = ..., spares: _Optional[_Iterable[str]] = ..., allow_rank0_in_place: _Optional[bool] = ..., hang: _Optional[_Union[HangPolicy, _Mapping]] = ..., independent_ranks: _Optional[bool] = ...) -> None: ...
 
 class HangPolicy(_message.Message):
     __slots__ = ("enabled", "timeout_s", "multiplier", "floor_s", "startup_s", "warmup_steps", "log_pattern", "straggler_ratio", "straggler_window_s")

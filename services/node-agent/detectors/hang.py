@@ -2,7 +2,8 @@
 
 Progress arrives on the node's progress socket (``taskd_client.heartbeat``; the PyTorch trainer
 sends it by itself) or, for scripts with no client, from log lines matching the job's
-``hang.log_pattern``. :mod:`progress` judges it; this module is the I/O around that judgement:
+``hang.log_pattern``, or with no pattern from any new line of the rank's output (its cadence,
+docs/adr/0041). :mod:`progress` judges it; this module is the I/O around that judgement:
 
 * a rank silent past its timeout becomes a ``hang`` fault, once per incarnation, with the Python
   stacks of it and of its node's peers (py-spy, else the client's faulthandler) captured first,
@@ -44,6 +45,8 @@ SLOW_EVERY_S = 0.5
 #: Longest log line matched (a longer one is cut: a regular expression over a long line can take
 #: seconds).
 _MAX_LINE = 4096
+#: With no ``hang.log_pattern``, any line with something on it is output, and output is progress.
+ANY_LINE = re.compile(r"\S")
 #: The judge woke this much later than it asked: the agent itself stalled.
 STALL_S = 1.0
 DROPPED_NOTE_EVERY_S = 60.0
@@ -268,7 +271,9 @@ class HangDetector(Detector):
         rules = HangRules.from_pb(policy)
         self.tracker.rules = rules
         self._pattern = None
-        if rules.log_pattern:
+        if not rules.log_pattern:
+            self._pattern = ANY_LINE
+        else:
             try:
                 self._pattern = re.compile(rules.log_pattern)
             except re.error as err:  # the policy parser refuses these; a hand-written spec may not
@@ -279,8 +284,12 @@ class HangDetector(Detector):
             proc = slot.proc
             if proc is None or not slot.is_running:
                 continue
+            by_output = pattern is ANY_LINE
+            if by_output and rank in self._reporters:
+                continue  # its client reports: its output is not read for progress
             if not proc.log_path:
-                self._warn_once("nolog", "hang.log_pattern needs the ranks' output in files (--log-dir)")
+                if not by_output:
+                    self._warn_once("nolog", "hang.log_pattern needs the ranks' output in files (--log-dir)")
                 continue
             key = (rank, proc.pid)
             offset = self._log_offsets.get(key, 0)
@@ -289,7 +298,7 @@ class HangDetector(Detector):
             self._log_offsets[key] = offset
             if matched:
                 # Without a step number each poll with a match is one step of progress.
-                self.tracker.progress(rank, proc.pid, step, time.monotonic())
+                self.tracker.progress(rank, proc.pid, step, time.monotonic(), by_output=by_output)
 
     def _is_stopped(self, rank_pid: int) -> bool:
         """The rank's process, or the process that reports for it (a wrapper's Python child), is

@@ -1,8 +1,14 @@
 """Judging progress: when a rank's silence is a hang, and when a rank is a straggler. Pure: no I/O
 and no clock (``now`` is an argument), so every rule here is tested with made-up times.
 
-A rank is judged only once it has reported progress at least once (a script with no client and no
-log pattern is never called hung). Its timeout is
+A rank is judged only once it has made progress at least once. Progress is a client's report
+(``taskd_client.heartbeat``, the PyTorch trainer), a log line matching the job's ``log_pattern``,
+or, with neither, any line of output: a plain script that prints as it trains has its cadence
+learned with no configuration (docs/adr/0041). Output is a weaker sign than a report, so a rank
+known only by its output gets the larger ``output_floor_s``, unless its process is stopped
+(SIGSTOP: it certainly makes no progress); and once a rank's client reports, its output no longer
+counts (a logging thread must not hide a hung training loop). A script that prints nothing is never
+called hung. Its timeout is
 
 * during **warm-up** (the first ``warmup_steps`` progress reports after it started, and again after
   each recovery of the job): ``startup_s``, or the learned timeout if longer — start-up, compiling
@@ -60,6 +66,10 @@ class HangRules:
     straggler_window_s: float = 60.0
     #: A rank waiting in a collective is judged against this multiple of its timeout.
     victim_factor: float = 2.0
+    #: The floor of a rank whose only progress is its output (no client, no log pattern), when its
+    #: process is not stopped: a script may print each step and then compute quietly for a while
+    #: (an evaluation); a silence this long is a hang. A fixed ``timeout_s`` replaces it.
+    output_floor_s: float = 60.0
 
     @classmethod
     def from_pb(cls, policy: pb.HangPolicy | None) -> HangRules:
@@ -134,6 +144,8 @@ class _Rank:
     hang_reported: bool = False
     #: The client said its training loop is over: nothing more to judge (until it reports again).
     done: bool = False
+    #: All its progress so far came from its output (no client report yet in this incarnation).
+    by_output: bool = True
     slow_since: float | None = None
     is_straggler: bool = False
 
@@ -166,13 +178,26 @@ class ProgressTracker:
         self._ranks.pop(rank, None)
 
     def progress(
-        self, rank: int, pid: int, step: int | None, now: float, *, waiting: bool = False, busy_s: float | None = None
+        self,
+        rank: int,
+        pid: int,
+        step: int | None,
+        now: float,
+        *,
+        waiting: bool = False,
+        busy_s: float | None = None,
+        by_output: bool = False,
     ) -> bool:
-        """A report from ``rank``'s process ``pid``; True if it counted as progress. Reports of
-        another incarnation than the one tracked are ignored."""
+        """A report from ``rank``'s process ``pid`` (``by_output``: new lines of its output, with
+        no pattern); True if it counted as progress. Reports of another incarnation than the one
+        tracked are ignored, and so is output once the rank's client has reported."""
         state = self._ranks.get(rank)
         if state is None or state.pid != pid:
             return False
+        if by_output and not state.by_output:
+            return False
+        if not by_output:
+            state.by_output = False
         # A client that only says "waiting" sends its step with it: a changed step is progress too.
         advanced = (step is None and not waiting) or (step is not None and step != state.last_step)
         if not advanced:
@@ -218,23 +243,27 @@ class ProgressTracker:
             state.slow_since = None
 
     # ------------------------------------------------------------ judging
-    def timeout(self, rank: int) -> tuple[float, str] | None:
-        """``rank``'s timeout now and why; None when it is not judged (no progress seen yet)."""
+    def timeout(self, rank: int, *, stopped: bool = False) -> tuple[float, str] | None:
+        """``rank``'s timeout now and why; None when it is not judged (no progress seen yet).
+        ``stopped``: its process is stopped (the ordinary floor applies, output or not)."""
         state = self._ranks.get(rank)
         if state is None or state.last_progress_at is None:
             return None
         rules = self.rules
+        floor, what = rules.floor_s, "the floor"
+        if state.by_output and not stopped and rules.output_floor_s > floor:
+            floor, what = rules.output_floor_s, "the floor for a rank known only by its output"
         if rules.timeout_s > 0:
             timeout, basis = rules.timeout_s, "fixed by the job's policy"
         elif state.intervals:
             typical = max(longest for _, longest in state.intervals)
             learned = rules.multiplier * typical
-            if learned >= rules.floor_s:
+            if learned >= floor:
                 timeout, basis = learned, f"{rules.multiplier:g} x the observed step time {typical:.2f}s"
             else:
-                timeout, basis = rules.floor_s, f"the floor; {rules.multiplier:g} x step time {typical:.2f}s is less"
+                timeout, basis = floor, f"{what}; {rules.multiplier:g} x step time {typical:.2f}s is less"
         else:
-            timeout, basis = rules.floor_s, "the floor"
+            timeout, basis = floor, what
         if state.reports_since_warmup <= rules.warmup_steps and rules.startup_s > timeout:
             timeout, basis = rules.startup_s, f"the start-up allowance, for the first {rules.warmup_steps} steps"
         return timeout, basis
@@ -247,7 +276,7 @@ class ProgressTracker:
             return None
         deadlines = []
         for rank, state in self._ranks.items():
-            judged = self.timeout(rank)
+            judged = self.timeout(rank, stopped=True)  # the earliest: a stopped process is judged then
             if judged is None or state.hang_reported or state.done or state.last_progress_at is None:
                 continue
             deadline = state.last_progress_at + judged[0]
@@ -265,13 +294,17 @@ class ProgressTracker:
         for rank, state in sorted(self._ranks.items()):
             if state.hang_reported or state.done or state.last_progress_at is None:
                 continue
-            judged = self.timeout(rank)
-            assert judged is not None
-            timeout, basis = judged
             silent = now - state.last_progress_at
-            if silent <= timeout:
+            earliest = self.timeout(rank, stopped=True)
+            assert earliest is not None
+            if silent <= earliest[0]:
                 continue
             stopped = is_stopped(state.pid)
+            judged = self.timeout(rank, stopped=stopped)
+            assert judged is not None
+            timeout, basis = judged
+            if silent <= timeout:
+                continue
             if state.waiting and not stopped:
                 victim = self._victim_timeout(timeout)
                 if silent <= victim:

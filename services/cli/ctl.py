@@ -48,6 +48,7 @@ from collections.abc import Sequence
 import yaml
 
 from recoverd import etcd_security
+from recoverd.aiotools import ctrl_c_interrupts
 from recoverd.cli import auth, completion, drills, plot, readcmds
 from recoverd.cli.reads import NotFound, UnknownJob, read_view
 from recoverd.errors import ConfigError, RecoverdError
@@ -191,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             args.policy_file = load_policy(args.file)  # a bad file is refused before etcd is touched
         if getattr(args, "plot", None):
             plot.require_matplotlib()  # refused before etcd is touched too
-        code = asyncio.run(_run(args))
+        code = asyncio.run(ctrl_c_interrupts(_run(args)))
     except NotFound as err:
         print(f"recoverctl: {err.detail}", file=sys.stderr)
         code = 1

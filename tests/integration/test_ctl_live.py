@@ -17,8 +17,10 @@ asserted is order and arrival, with generous timeouts; and that nothing is read 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import os
+import platform
 import signal
 import statistics
 import subprocess
@@ -321,3 +323,30 @@ async def test_the_watch_reads_etcd_once_and_updates_from_the_watch(store: Store
     finally:
         task.cancel()
         await asyncio.wait({task})
+
+
+def _tgkill(pid: int, tid: int, signum: int) -> None:
+    """Send ``signum`` to one thread of ``pid`` (os.kill lets the kernel pick the thread)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(234, pid, tid, signum) != 0:  # SYS_tgkill on x86-64
+        raise OSError(ctypes.get_errno(), "tgkill")
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the tgkill syscall number is x86-64's")
+async def test_ctrl_c_ends_an_idle_follow_whichever_thread_takes_it(
+    store: Store, keys: Keyspace, etcd_endpoint: str, key_prefix: str
+) -> None:
+    """A SIGINT the kernel hands to one of gRPC's threads must still end an idle follow (issue 25:
+    asyncio.run's own handler waited for the next I/O, which an ended job never sends)."""
+    job, run = "idle", RunRef("idle", "run-i")
+    await store.put(keys.job_spec(job), _spec(job, run.uid))
+    await _put_event(store, keys, run, "stored")
+    with ctl_lines(etcd_endpoint, key_prefix, ("events", job, "--follow", "--json")) as (follow,):
+        await _arrival(follow, "the stored event", lambda line: json.loads(line)["reason"] == "stored")
+        threads = sorted(int(t) for t in os.listdir(f"/proc/{follow.proc.pid}/task") if int(t) != follow.proc.pid)
+        assert threads, "recoverctl runs gRPC's threads beside its main one"
+        await asyncio.sleep(1.0)  # idle, as after its job's end: nothing will wake its loop
+        sent = time.monotonic()
+        _tgkill(follow.proc.pid, threads[-1], signal.SIGINT)
+        assert await asyncio.to_thread(follow.finish, 15.0) == 130
+        print(f"SIGINT to thread {threads[-1]} -> exit: {time.monotonic() - sent:.2f}s")

@@ -560,8 +560,8 @@ class EmbeddedEtcd:
                 self._spawn_once(deadline)
                 self._state = _State.RUNNING
                 log.info("embedded etcd at %s (pid %s): %s", self.endpoint, self.pid, self.etcd_binary.describe())
-                if self.etcd_binary.warning:
-                    log.info("%s", self.etcd_binary.warning)
+                if self.etcd_binary.warning:  # `recoverd run`/`up` print it in their summary line
+                    log.debug("%s", self.etcd_binary.warning)
                 return
             except EtcdStartFailed as err:
                 if retry_bind and "address already in use" in str(err) and time.monotonic() < deadline:

@@ -379,8 +379,12 @@ class Store:
         watch_retry_s: float = 0.05,
         watch_retry_max_s: float = 1.0,
         security: EtcdSecurity | None = None,
+        warn_version: bool = True,
     ) -> None:
         self.endpoints = parse_endpoints(endpoints)
+        #: Warn when the server runs a release with a known data-loss bug; off for the throwaway
+        #: etcd `recoverd run` starts itself (its summary line says it once).
+        self.warn_version = warn_version
         #: TLS and credentials; by default the environment's (``RECOVERD_ETCD_*``, else ``ETCDCTL_*``):
         #: that is how a rank's client connects as its agent does (docs/security.md).
         self.security = (security or etcd_security.from_env()).check()
@@ -491,7 +495,9 @@ class Store:
             return EtcdAccessDenied(
                 f"{what}: etcd refused the credentials of user {self.security.user!r}: {detail.strip()[:200]}"
             )
-        return EtcdUnavailable(f"{what}: {err!r}")
+        # One line in the error's own words (gRPC's repr is a five-line dump an operator must decode).
+        words = " ".join(detail.split())[:300] or "no answer in time"
+        return EtcdUnavailable(f"{what}: {type(err).__name__}: {words}")
 
     async def verify(self) -> None:
         """Connect and make one call: raise EtcdAccessDenied when TLS or authentication fails (an
@@ -524,7 +530,7 @@ class Store:
             return
         self.server_version = str(status.version)
         problem = known_problem(self.server_version)
-        if problem is not None:
+        if problem is not None and self.warn_version:
             log.warning(
                 "etcd at %s runs %s, a release that %s; use 3.4.22+ or 3.5.6+ in production",
                 self.endpoint,

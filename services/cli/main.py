@@ -36,6 +36,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from recoverd import etcd_security, logs, priority, tlsdir
 from recoverd.agent.agent import AgentSettings, NodeAgent, become_subreaper
+from recoverd.aiotools import leaf_errors
 from recoverd.cli import completion
 from recoverd.cli.parser import CONFIGURABLE, build_parser, config_path_of, configured, show_config
 from recoverd.coordinator.model import Timeouts
@@ -305,7 +306,7 @@ async def _main_async(args: argparse.Namespace) -> int:
     security = etcd.security()
     async with (
         etcd as endpoint,
-        Store(endpoint, security=security) as store,
+        Store(endpoint, security=security, warn_version=etcd.embedded is None) as store,
         _serving_metrics(args, store, keys, leader=True),
     ):
         await store.verify()
@@ -368,6 +369,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = asyncio.run(_main_async(args))
     except RecoverdError as err:
         print(f"recoverd: error: {err}", file=sys.stderr)
+        code = 2
+    except BaseExceptionGroup as group:
+        # A service's task group ended on our own typed errors (etcd unreachable at the agent's
+        # join, refused credentials): one line each, as for a single one, never a traceback.
+        leaves = leaf_errors(group)
+        if not all(isinstance(e, RecoverdError) for e in leaves):
+            raise
+        for leaf in leaves:
+            print(f"recoverd: error: {leaf}", file=sys.stderr)
         code = 2
     except KeyboardInterrupt:
         code = 130

@@ -154,8 +154,18 @@ def add_job(parser: argparse.ArgumentParser, *, job_required: bool) -> None:
     )
     parser.add_argument("--restart-window", type=positive(float), default=600.0, help="%(default)s s")
     parser.add_argument("--log-dir", default=None, help="one log file per rank (default: recoverd-logs/<job>)")
-    parser.add_argument("--master-addr", default=None)
-    parser.add_argument("--master-port", type=positive(int), default=None)
+    parser.add_argument(
+        "--master-addr",
+        default=None,
+        help="the address of node rank 0, where rank 0 hosts the job's rendezvous (MASTER_ADDR of every"
+        " rank; the same on every node; required with --nnodes > 1; default 127.0.0.1 on one node)",
+    )
+    parser.add_argument(
+        "--master-port",
+        type=positive(int),
+        default=None,
+        help="MASTER_PORT of every rank (default: a free port chosen by the agent that creates the job)",
+    )
     parser.add_argument(
         "--agent-lease-ttl",
         type=lease_ttl,
@@ -222,7 +232,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_embedded(run)
     add_timeouts(run)
     add_job(run, job_required=False)
-    run.add_argument("--node", default=os.environ.get("RECOVERD_NODE") or socket.gethostname().split(".")[0])
+    run.add_argument(
+        "--node",
+        default=os.environ.get("RECOVERD_NODE") or socket.gethostname().split(".")[0],
+        help="this node's name in the job's records (default: $RECOVERD_NODE, else the short host name)",
+    )
 
     up = sub.add_parser("up", help="run the control plane (embedded etcd unless --etcd, coordinator, strategy)")
     add_common(up, etcd_required=False)
@@ -257,8 +271,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("RECOVERD_NODE") or socket.gethostname().split(".")[0],
         help="node name (default: $RECOVERD_NODE or the host name)",
     )
-    agent.add_argument("--nnodes", type=positive(int), default=1)
-    agent.add_argument("--node-rank", type=int, default=0)
+    agent.add_argument("--nnodes", type=positive(int), default=1, help="nodes in the job (%(default)s)")
+    agent.add_argument(
+        "--node-rank",
+        type=int,
+        default=0,
+        help="this node's place among the job's nodes, 0..nnodes-1: its ranks are node_rank x nproc-per-node"
+        " onwards (%(default)s)",
+    )
     agent.add_argument(
         "--spare",
         action="store_true",

@@ -431,10 +431,13 @@ class NodeAgent:
                 slot.state = pb.RANK_STOPPED  # never started (it ended during the first start's wait)
         assert self._warm is not None
         await self._warm.stop(self.settings.stop_grace_s)
+        standbys: set[int] = set()
         if self._warm_start is not None:
+            standbys = self._warm_start.standby_pids()
             self._warm_start.stop()
         if self._launcher is not None:
-            killed = self._launcher.kill_strays()
+            # A standby still ending with its server is recoverd's own: swept quietly.
+            killed = [pid for pid in self._launcher.kill_strays() if pid not in standbys]
             if killed:
                 log.warning(
                     "agent %s: killed %d process(es) left behind by ranks: %s", self.settings.node, len(killed), killed

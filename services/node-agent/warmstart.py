@@ -35,8 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from recoverd import priority
 from recoverd.agent.launcher import Launcher, RankLaunch, RankProcess, open_rank_log, spawn_in_session
+from recoverd.agent.warmstart_server import STANDBY_FLAG
 from recoverd.errors import LaunchFailed
 
 __all__ = [
@@ -372,6 +375,22 @@ class WarmStart:
             delay = min(RESTART_MAX_S, RESTART_S * 2**self._restarts)
             self._restarts += 1
             self._restart = asyncio.get_running_loop().call_later(delay, self.start)
+
+    def standby_pids(self) -> set[int]:
+        """The server's standbys now (re-parented to the agent: ``ps`` shows ``--standby-of PID``).
+        They end with the server, but may still be ending when the agent sweeps what its ranks
+        left behind: they are recoverd's own, not the ranks'."""
+        server = self.pid
+        if server is None:
+            return set()
+        mark = [STANDBY_FLAG, str(server)]
+        found = set()
+        for proc in psutil.Process().children():
+            with contextlib.suppress(psutil.Error):
+                cmdline = proc.cmdline()
+                if any(cmdline[i : i + 2] == mark for i in range(len(cmdline))):
+                    found.add(proc.pid)
+        return found
 
     def stop(self) -> None:
         """Stop the server; no more warm starts (idempotent). The ranks it forked are untouched."""

@@ -41,18 +41,24 @@ class Traits:
     node_wide: bool
     #: An agent can carry it out for ranks that run no client.
     agent_can_do: bool
-    #: Rough cost in seconds, shown with decisions (measured figures come from bench/).
+    #: Rough cost in seconds from the fault to training again, shown with decisions: the medians
+    #: measured here (docs/strategies.md, bench/results), not counting the job's own start-up
+    #: (a framework import, a checkpoint load) for the strategies that restart every rank.
     expected_cost_s: float
 
 
 #: Every strategy, in MindCluster's priority order (cheapest first).
 TRAITS: dict[str, Traits] = {
-    "retry": Traits(True, False, False, False, 1.0),
-    "recover-in-place": Traits(False, True, False, True, 3.0),
-    "recover": Traits(True, True, True, True, 10.0),
-    "elastic-training": Traits(True, True, True, False, 10.0),
-    "dump": Traits(True, False, False, False, 60.0),
-    "exit": Traits(False, False, False, True, 30.0),
+    # retry: one step again plus ~0.1 s of control plane; recover-in-place: 110-180 ms kill -> DONE
+    # (0.13 s to the next step of 4 torch ranks); recover: 145-175 ms to the spare's ranks;
+    # elastic-training: downgrade 175-185 ms; dump: a checkpoint (seconds for a large model) and an
+    # exit; exit: 0.3 s for a plain DDP script forked from the warm-start server (bench P3 (b)).
+    "retry": Traits(True, False, False, False, 0.1),
+    "recover-in-place": Traits(False, True, False, True, 0.15),
+    "recover": Traits(True, True, True, True, 0.2),
+    "elastic-training": Traits(True, True, True, False, 0.2),
+    "dump": Traits(True, False, False, False, 5.0),
+    "exit": Traits(False, False, False, True, 0.3),
 }
 
 ALL_STRATEGIES: tuple[str, ...] = tuple(TRAITS)

@@ -89,6 +89,8 @@ STATUS_FAILED = 300
 
 _TAIL = shutil.which("tail") or "/usr/bin/tail"
 _CLEANUP_WAIT_S = 5.0
+#: How long cleanup waits for a scheduler that has not printed its first line yet (a loaded machine).
+_SCHEDULER_START_S = 30.0
 _JOIN_POLL_S = 0.1
 
 
@@ -472,7 +474,21 @@ class ProcessManager:
         Workers (by process group, strays and duplicates included), ``tail -f`` followers and the
         scheduler. msrun's own bookkeeping is left as it is (MONITOR afterwards shows 300). Safe
         to call more than once.
+
+        The scheduler is first given time to say who it is (its first line): on a loaded machine
+        a short job's workers can be done before the scheduler's interpreter has started, and the
+        tests read what it said.
         """
+        log_file = self.log_dir / "scheduler.log"
+        deadline = time.monotonic() + _SCHEDULER_START_S
+        while (
+            self.msn_process is not None
+            and self.msn_process.poll() is None
+            and log_file.exists()
+            and not log_file.stat().st_size
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.02)
         for spawned in self._spawned:
             spawned.kill()
         for spawned in self._spawned:

@@ -478,6 +478,9 @@ _STUB_PLUGIN = textwrap.dedent(
                     break
                 time.sleep(0.02)
             self.funcs["KILL_WORKER"]([-1])
+            sched_log = Path(os.environ["STUB_SCHED_LOG"])  # killed only once it has said who it is:
+            while not (sched_log.exists() and sched_log.stat().st_size) and time.monotonic() < deadline:
+                time.sleep(0.02)  # on a loaded machine the workers can be done before it started
             children = psutil.Process().children()  # what is left: the scheduler
             for child in children:
                 child.kill()
@@ -515,6 +518,7 @@ def _fake_msrun(tmp_path: Path, pkgs: Path, *worker_args: str, **env: str) -> su
     clean.update(env)
     clean["PYTHONPATH"] = os.pathsep.join([str(pkgs), str(ROOT)])
     clean["STUB_RECORD"] = str(tmp_path / "record.json")
+    clean["STUB_SCHED_LOG"] = str(tmp_path / "logs" / "scheduler.log")
     command = [sys.executable, "-P", "-m", "tests.msrun_port.fake_msrun", "--worker_num", "2"]
     command += ["--local_worker_num", "2", "--log_dir", str(tmp_path / "logs"), "--master_port", "8118"]
     command += [str(TRIVIAL_WORKER), *worker_args]

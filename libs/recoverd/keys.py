@@ -239,6 +239,11 @@ class Keyspace:
     def job_rendezvous_prefix(self, job: str) -> str:
         return f"{self.prefix}/rendezvous/{check_id('job', job)}/"
 
+    def rendezvous_generation(self, run: RunRef) -> str:
+        """The generation counter of the run's ResilientGroup (``taskd_client.pytorch``): present
+        once its ranks formed a group that a restarted rank rejoins (ADR 0040)."""
+        return f"{self.rendezvous_prefix(run)}gen"
+
     # ---------------------------------------------------------------- parsing
     def job_of(self, key: str | bytes) -> str | None:
         """The job a key under ``jobs/`` belongs to, even when the rest of the key is malformed.

@@ -78,11 +78,13 @@ def request_from_records(
     )
 
 
-def plain_nodes(view: JobView) -> tuple[str, ...]:
+def plain_nodes(view: JobView, *, forms_resilient_group: bool = False) -> tuple[str, ...]:
     """The nodes whose ranks run no recoverd client and cannot rejoin their group alone: a job with
-    no client of its own, and a node holding ranks whose declaration leaves recover-in-place out
-    (its agent's rule, ADR 0040). A node that declares nothing (an older agent) is not counted."""
-    if view.clients:
+    no client of its own whose ranks formed no ResilientGroup (``forms_resilient_group``: a
+    ``ResilientTrainer`` with no protocol joins nothing, but its ranks rejoin their generations),
+    and a node holding ranks whose declaration leaves recover-in-place out (its agent's rule,
+    ADR 0040). A node that declares nothing (an older agent) is not counted."""
+    if view.clients or forms_resilient_group:
         return ()
     return tuple(
         sorted(
@@ -148,6 +150,9 @@ class StrategyService:
             return
         now = time.time()
         rank0_node = node_of_rank(view).get(0, "")
+        plain = plain_nodes(view)
+        if plain and await self.store.get(self.keys.rendezvous_generation(view.run)) is not None:
+            plain = plain_nodes(view, forms_resilient_group=True)  # read only when it decides
         request = request_from_records(
             view.spec,
             recovery,
@@ -156,7 +161,7 @@ class StrategyService:
             rank0_node,
             idle_spares(view),
             frozenset(view.nodes),
-            plain_nodes(view),
+            plain,
         )
         decision = choose(request)
         record = pb.Decision(

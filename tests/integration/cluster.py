@@ -29,6 +29,11 @@ T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = str(ROOT / "examples" / "worker.py")
+#: The harness's rank programs whose ranks never talk to each other (ADR 0040): an agent running
+#: them says --independent-ranks, so that one is restarted alone as the tests expect.
+INDEPENDENT_RANKS = frozenset(
+    {WORKER, str(Path(__file__).with_name("warm_rank.py")), str(Path(__file__).with_name("tls_rank.py")), "sleep"}
+)
 
 FAST_COORDINATOR = [
     "--fault-window", "0.05",
@@ -117,8 +122,8 @@ class Cluster:
         """Start the agent of ``node``; its ranks run examples/worker.py with ``worker``, or ``command``.
 
         ``independent``: pass ``--independent-ranks`` (ADR 0040). By default it is passed for the
-        ranks that are independent processes, examples/worker.py and ``sleep``, so that a plain rank
-        is restarted alone as these tests expect; a command of ranks that form a group never gets it.
+        ranks that are independent processes (:data:`INDEPENDENT_RANKS`), so that a plain rank is
+        restarted alone as these tests expect; a command of ranks that form a group never gets it.
         """
         args = [
             "agent", "--etcd", self.endpoint, "--prefix", self.prefix, "--job", job, "--node", node,
@@ -131,7 +136,7 @@ class Cluster:
             args += ["--master-addr", "127.0.0.1"]
         rank_argv = list(command) if command is not None else [sys.executable, WORKER, *worker]
         if independent is None:
-            independent = WORKER in rank_argv or rank_argv[0] == "sleep"
+            independent = any(part in INDEPENDENT_RANKS for part in rank_argv)
         if independent:
             args.append("--independent-ranks")
         return self.spawn(f"agent-{node}", [*args, "--", *rank_argv], env=env)

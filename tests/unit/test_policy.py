@@ -186,3 +186,24 @@ def test_an_independent_job_has_no_plain_nodes_for_the_selector() -> None:
     assert plain.plain_nodes == ("n0",)
     spec = pb.JobSpec(name="j", policy=pb.Policy(independent_ranks=True))
     assert request_from_records(spec, recovery, None, 0.0, plain_nodes=("n0",)).plain_nodes == ()
+
+
+def test_plain_nodes_are_those_whose_ranks_cannot_rejoin_alone() -> None:
+    from recoverd.jobview import JobView
+    from recoverd.strategy.service import plain_nodes
+
+    offered = ["recover-in-place", "exit"]
+    view = JobView(
+        revision=1,
+        nodes={
+            "plain": pb.NodeRecord(node="plain", ranks=[0, 1], strategies=["exit"]),
+            "joined": pb.NodeRecord(node="joined", ranks=[2, 3], strategies=offered, answers_for_ranks=True),
+            "spare": pb.NodeRecord(node="spare", is_spare=True, strategies=["exit"]),
+            "older": pb.NodeRecord(node="older", ranks=[4]),  # declares nothing: not counted
+        },
+    )
+    assert plain_nodes(view) == ("plain",)
+    # A ResilientTrainer with no protocol joins nothing, but its ranks rejoin their generations.
+    assert plain_nodes(view, forms_resilient_group=True) == ()
+    # A job with its own client (DLRecoverManager, the trainer's rank-0 relay) answers for its ranks.
+    assert plain_nodes(JobView(revision=1, nodes=view.nodes, clients={"c": pb.ClientRecord(client_id="c")})) == ()

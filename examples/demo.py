@@ -2,7 +2,7 @@
 
 Runs ``recoverd run --nproc-per-node 4 --strategies recover-in-place,exit --independent-ranks``
 (embedded etcd, coordinator, strategy selector and node agent in one command) over
-``examples/worker.py``, whose ranks never talk to each other (ADR 0040), waits for
+``examples/worker.py``, whose ranks never talk to each other (ADR 0041), waits for
 the ranks, kills rank 2 with SIGKILL, then prints what an operator would look at: the rank table
 before and after, the incident's events and its timeline phase by phase. The job then finishes and
 ``recoverd run`` exits 0. No torch needed.
@@ -83,7 +83,7 @@ def main() -> int:
         "--fault-window", "0.05", "--", sys.executable, str(ROOT / "examples" / "worker.py"),
         "--steps", "40", "--step-time", "0.1",
     ]  # fmt: skip
-    # worker.py's ranks never talk to each other: one restarted alone goes on with no client (ADR 0040).
+    # worker.py's ranks never talk to each other: one restarted alone goes on with no client (ADR 0041).
     print(
         "$ recoverd run --job demo --nproc-per-node 4 --strategies recover-in-place,exit --independent-ranks"
         " -- python worker.py"

@@ -241,7 +241,7 @@ class Keyspace:
 
     def rendezvous_generation(self, run: RunRef) -> str:
         """The generation counter of the run's ResilientGroup (``taskd_client.pytorch``): present
-        once its ranks formed a group that a restarted rank rejoins (ADR 0040)."""
+        once its ranks formed a group that a restarted rank rejoins (ADR 0041)."""
         return f"{self.rendezvous_prefix(run)}gen"
 
     # ---------------------------------------------------------------- parsing

@@ -10,7 +10,7 @@ Format (every key optional; docs/policy.md)::
     spares: [node7, node8]                  # only these --spare agents take ranks (default: any)
     allow_rank0_in_place: true              # may rank 0's node be recovered in place?
     independent_ranks: false                # true: ranks never talk to each other (a plain script's
-                                            # rank may then be restarted alone; docs/adr/0040)
+                                            # rank may then be restarted alone; docs/adr/0041)
     hang:                                   # progress-based hang and straggler detection
       timeout: 0          # seconds; 0 = learned: multiplier x the step time, at least floor
       multiplier: 3
@@ -109,7 +109,7 @@ class JobPolicy:
     budgets: tuple[tuple[str, Budget], ...] = ()
     spares: tuple[str, ...] = ()
     allow_rank0_in_place: bool = True
-    #: The ranks never talk to each other: one restarted alone needs no client to go on (ADR 0040).
+    #: The ranks never talk to each other: one restarted alone needs no client to go on (ADR 0041).
     independent_ranks: bool = False
     #: The ``hang`` section, already in stored form; None when the file has none.
     hang: pb.HangPolicy | None = None

@@ -141,7 +141,7 @@ def add_job(parser: argparse.ArgumentParser, *, job_required: bool) -> None:
         action="store_true",
         help="the ranks never talk to each other (no process group): a rank may be restarted alone even"
         " with no recoverd client in the script. Without it, a plain script's fault restarts every rank"
-        " (a lone restart would wait in init_process_group for good; docs/adr/0040)",
+        " (a lone restart would wait in init_process_group for good; docs/adr/0041)",
     )
     parser.add_argument(
         "--max-rank-restarts",

@@ -1192,7 +1192,7 @@ class NodeAgent:
     def _rejoins_alone(self) -> bool:
         """Whether a rank of this node that runs no recoverd client may be restarted alone: its
         runtime's framework rejoins by itself, or the job says its ranks never talk to each other
-        (``independent_ranks``). Else its declaration leaves `recover-in-place` out (ADR 0040)."""
+        (``independent_ranks``). Else its declaration leaves `recover-in-place` out (ADR 0041)."""
         assert self._launcher is not None
         spec = self.membership.spec
         independent = spec is not None and spec.policy.independent_ranks

@@ -7,7 +7,7 @@ follow the nodes, not the ranks. The rules:
 * **Declaration** (:func:`declaration`): once every rank of the node has joined, the node
   declares the strategies that it and every rank can carry out. Before that its ranks are plain
   processes, and unless they can rejoin their group alone (``rejoins_alone``: independent ranks,
-  or a runtime whose framework rejoins) `recover-in-place` is left out (docs/adr/0040).
+  or a runtime whose framework rejoins) `recover-in-place` is left out (docs/adr/0041).
   A rank's offer is kept across its restarts (a rank that is restarting has not withdrawn it); an
   agent carries out its own strategies and relays :data:`~recoverd.strategies.RELAYED_TO_RANKS`
   to the ranks. A node that holds no rank does not rule out what only ranks carry out.

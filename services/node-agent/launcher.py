@@ -242,7 +242,7 @@ class Launcher:
     #: another node (`recover` to a spare).
     starts_any_rank = True
     #: A plain command's rank restarted alone cannot rejoin its group (unless the job says its
-    #: ranks are independent, or they run a recoverd client: the agent decides, ADR 0040).
+    #: ranks are independent, or they run a recoverd client: the agent decides, ADR 0041).
     rejoins_alone = False
 
     def __init__(

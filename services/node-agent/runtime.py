@@ -24,7 +24,7 @@ class RankRuntime(Protocol):
     #: Whether a rank restarted alone goes on with its running peers though it runs no recoverd
     #: client: its framework rejoins by itself (msrun's MindSpore, processes adopted from
     #: reset_process) or its ranks are simulated. False for a plain command: a plain script's rank
-    #: restarted alone waits in init_process_group for peers that never come (docs/adr/0040).
+    #: restarted alone waits in init_process_group for peers that never come (docs/adr/0041).
     rejoins_alone: bool
 
     @property

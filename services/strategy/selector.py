@@ -21,7 +21,7 @@ MindCluster's ``chooseStrategy`` (reference/mindcluster-contract.md section 6):
 * a lost node (its agent's lease expired) rules out recover-in-place: nobody is there to restart;
 * ranks that run no recoverd client (``Request.plain_nodes``: their node's declaration leaves
   recover-in-place out) rule it out too: a plain script's rank restarted alone cannot rejoin its
-  running group, it would wait in ``init_process_group`` for good (docs/adr/0040);
+  running group, it would wait in ``init_process_group`` for good (docs/adr/0041);
 * ``allow_rank0_in_place: false`` rules out recover-in-place when rank 0's node has a fault;
   elastic-training (downgrade) is never used then, as upstream;
 * budgets: at most ``max`` uses of a strategy per ``window_s`` (the policy's ``budgets``;
@@ -115,7 +115,7 @@ class Request:
     lost_nodes: tuple[str, ...] = ()
     #: Nodes an operator is draining (``recoverctl drain``): their ranks must move, never restart there.
     drained_nodes: tuple[str, ...] = ()
-    #: Nodes whose ranks run no recoverd client and cannot rejoin their group alone (ADR 0040).
+    #: Nodes whose ranks run no recoverd client and cannot rejoin their group alone (ADR 0041).
     plain_nodes: tuple[str, ...] = ()
 
 

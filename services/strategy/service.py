@@ -83,7 +83,7 @@ def plain_nodes(view: JobView, *, forms_resilient_group: bool = False) -> tuple[
     no client of its own whose ranks formed no ResilientGroup (``forms_resilient_group``: a
     ``ResilientTrainer`` with no protocol joins nothing, but its ranks rejoin their generations),
     and a node holding ranks whose declaration leaves recover-in-place out (its agent's rule,
-    ADR 0040). A node that declares nothing (an older agent) is not counted."""
+    ADR 0041). A node that declares nothing (an older agent) is not counted."""
     if view.clients or forms_resilient_group:
         return ()
     return tuple(

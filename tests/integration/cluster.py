@@ -29,7 +29,7 @@ T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = str(ROOT / "examples" / "worker.py")
-#: The harness's rank programs whose ranks never talk to each other (ADR 0040): an agent running
+#: The harness's rank programs whose ranks never talk to each other (ADR 0041): an agent running
 #: them says --independent-ranks, so that one is restarted alone as the tests expect.
 INDEPENDENT_RANKS = frozenset(
     {WORKER, str(Path(__file__).with_name("warm_rank.py")), str(Path(__file__).with_name("tls_rank.py")), "sleep"}
@@ -121,7 +121,7 @@ class Cluster:
     ) -> subprocess.Popen[bytes]:
         """Start the agent of ``node``; its ranks run examples/worker.py with ``worker``, or ``command``.
 
-        ``independent``: pass ``--independent-ranks`` (ADR 0040). By default it is passed for the
+        ``independent``: pass ``--independent-ranks`` (ADR 0041). By default it is passed for the
         ranks that are independent processes (:data:`INDEPENDENT_RANKS`), so that a plain rank is
         restarted alone as these tests expect; a command of ranks that form a group never gets it.
         """

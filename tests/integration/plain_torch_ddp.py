@@ -3,7 +3,7 @@
 
 Used by tests/integration/test_plain_scripts.py: under ``recoverd run --strategies
 recover-in-place,exit`` a rank's SIGKILL must restart every rank (a lone restart would wait in
-init_process_group for good) and the job must end 0 (docs/adr/0040).
+init_process_group for good) and the job must end 0 (docs/adr/0041).
 """
 
 from __future__ import annotations

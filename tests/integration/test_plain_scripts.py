@@ -1,4 +1,4 @@
-"""The paths users take with scripts that carry no recoverd code (docs/adr/0040, 0041).
+"""The paths users take with scripts that carry no recoverd code (docs/adr/0041, 0042).
 
 * The README's first example, ``recoverd run --strategies recover-in-place,exit -- python
   train.py``, over a plain torch DDP script: a SIGKILLed rank must not be restarted alone (it would

@@ -285,7 +285,7 @@ def test_a_downgrade_through_the_agents_waits_for_the_survivors_and_takes_the_dr
 
 
 def test_plain_ranks_that_cannot_rejoin_alone_are_not_offered_recover_in_place() -> None:
-    """ADR 0040: until its ranks joined through a client, a node of plain ranks that cannot rejoin
+    """ADR 0041: until its ranks joined through a client, a node of plain ranks that cannot rejoin
     their group alone leaves recover-in-place out; ranks that joined offer what they offer."""
     offer = ("recover-in-place", "recover", "exit")
     assert declaration(offer, {}, {0, 1}, rejoins_alone=False) == (("recover", "exit"), False)

@@ -207,7 +207,7 @@ def test_a_rank_whose_loop_is_over_is_not_judged_until_it_reports_again() -> Non
 
 
 def test_output_is_progress_with_a_larger_floor_unless_the_process_is_stopped() -> None:
-    """ADR 0041: a plain script's output is its cadence; a silence of output_floor_s is a hang, a
+    """ADR 0042: a plain script's output is its cadence; a silence of output_floor_s is a hang, a
     stopped process is judged with the ordinary floor."""
     rules = HangRules(multiplier=3, floor_s=5, startup_s=60, warmup_steps=3, output_floor_s=60)
     tracker = ProgressTracker(rules)

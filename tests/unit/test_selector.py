@@ -390,7 +390,7 @@ def test_every_strategy_is_implemented_in_this_version() -> None:
 
 
 def test_ranks_that_run_no_client_are_never_restarted_alone() -> None:
-    """ADR 0040: a plain script's rank restarted alone would wait in init_process_group for good."""
+    """ADR 0041: a plain script's rank restarted alone would wait in init_process_group for good."""
     plain = Request((2,), policy=RIP, now=NOW, fault_nodes=("n0",), plain_nodes=("n0", "n1"))
     decision = choose(plain)
     assert decision.strategy == "exit"

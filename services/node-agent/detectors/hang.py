@@ -3,7 +3,7 @@
 Progress arrives on the node's progress socket (``taskd_client.heartbeat``; the PyTorch trainer
 sends it by itself) or, for scripts with no client, from log lines matching the job's
 ``hang.log_pattern``, or with no pattern from any new line of the rank's output (its cadence,
-docs/adr/0041). :mod:`progress` judges it; this module is the I/O around that judgement:
+docs/adr/0042). :mod:`progress` judges it; this module is the I/O around that judgement:
 
 * a rank silent past its timeout becomes a ``hang`` fault, once per incarnation, with the Python
   stacks of it and of its node's peers (py-spy, else the client's faulthandler) captured first,

@@ -4,7 +4,7 @@ and no clock (``now`` is an argument), so every rule here is tested with made-up
 A rank is judged only once it has made progress at least once. Progress is a client's report
 (``taskd_client.heartbeat``, the PyTorch trainer), a log line matching the job's ``log_pattern``,
 or, with neither, any line of output: a plain script that prints as it trains has its cadence
-learned with no configuration (docs/adr/0041). Output is a weaker sign than a report, so a rank
+learned with no configuration (docs/adr/0042). Output is a weaker sign than a report, so a rank
 known only by its output gets the larger ``output_floor_s``, unless its process is stopped
 (SIGSTOP: it certainly makes no progress); and once a rank's client reports, its output no longer
 counts (a logging thread must not hide a hung training loop). A script that prints nothing is never

@@ -293,6 +293,72 @@ def test_the_client_role_writes_only_its_jobs_inbox_events_and_rendezvous(secure
     asyncio.run(go())
 
 
+def test_a_gateway_as_a_jobs_client_user_serves_that_job_and_cannot_reach_another(
+    secure: Secure, tmp_path: Path
+) -> None:
+    """The gateway needs no more than the client role of the jobs it serves (docs/security.md,
+    "The gateway"): as job c's client user it carries out every call on job c, and etcd refuses
+    it job b even for a caller that its (here: absent, local trust) auth file would let through."""
+    import socket
+
+    from .test_gateway import PROTO, UpstreamClient, _calls
+
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO.parent}", f"--python_out={stubs}",
+         f"--grpc_python_out={stubs}", str(PROTO)],
+        check=True,
+    )  # fmt: skip
+    root = secure.security(secure.certs("root"))
+    spec = pb.JobSpec(name="c", uid="c-gw", world_size=2, nnodes=1, nproc_per_node=2,
+                      policy=pb.Policy(strategies=["recover-in-place", "exit"]))  # fmt: skip
+    cluster = Cluster(secure.url, PREFIX, tmp_path, security=root)
+    clients: list[UpstreamClient] = []
+    try:
+        cluster.put(KEYS.job_spec("c"), encode(spec))
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        gateway = cluster.spawn(
+            "gateway",
+            [
+                "gateway",
+                "--etcd",
+                secure.url,
+                "--prefix",
+                PREFIX,
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--keepalive-interval",
+                "0.5",
+            ],
+            env=secure.user("c", "client"),
+        )
+        cluster.wait_for("the gateway to listen", lambda: "listening on" in Path(gateway.log_path).read_text(),  # type: ignore[attr-defined]
+                         timeout=30)  # fmt: skip
+        for job in ("c", "b"):
+            clients.append(UpstreamClient(str(stubs), port, job, ("--calls",), tmp_path / f"client-{job}.log"))
+        own, other = (_calls(c) for c in clients)
+        assert own["Init"] == "OK:0" and own["Register"] == "OK:0" and own["ReportProcessFault"] == "OK:0", own
+        assert own["SubscribeProcessManageSignal"] == "OK:keep-alive", own
+        assert other["Init"] == "OK:599" and other["Register"] == "OK:408", other  # etcd refused the read
+        refused = next(c for c in clients[1].events("call") if c["name"] == "Init")
+        assert "permission denied" in refused["info"] and "recoverd-client-c" in refused["info"], refused
+        assert cluster.view("c").clients and cluster.view("c").faults
+    finally:
+        for client in clients:
+            client.close()
+        cluster.close()
+
+        async def clean() -> None:
+            async with Store(secure.url, security=root) as store:
+                for prefix in (KEYS.job_prefix("c"), KEYS.job_events_prefix("c"), KEYS.job_rendezvous_prefix("c")):
+                    await store.delete_prefix(prefix)
+
+        asyncio.run(clean())
+
+
 def test_auth_setup_as_root_works_before_authentication_is_on(tmp_path: Path) -> None:
     """The documented order: a root user with a password, then `recoverctl auth setup --enable`
     as root. etcd refuses to authenticate anyone while its authentication is off; recoverd then

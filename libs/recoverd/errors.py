@@ -48,6 +48,7 @@ class Reason(StrEnum):
     ETCD_ACCESS = "etcd_access"
     ETCD_PERMISSION = "etcd_permission"
     CONFIG_ERROR = "config_error"
+    CALLER_DENIED = "caller_denied"
     INTERNAL_ERROR = "internal_error"
 
 

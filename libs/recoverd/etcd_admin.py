@@ -8,12 +8,15 @@ role                permissions
 recoverd-control    readwrite ``P/`` (coordinator, strategy service, gateway of many jobs)
 recoverd-operator   read ``P/`` (recoverctl's reads, dashboards)
 recoverd-agent-J    readwrite ``P/jobs/J/``, ``P/events/J/``, ``P/rendezvous/J/`` (job J's agents)
-recoverd-client-J   read ``P/jobs/J/``; readwrite ``P/jobs/J/runs/``, ``P/events/J/``, ``P/rendezvous/J/``
-                    (job J's ranks: DLRecoverManager, ResilientTrainer, the msrun plugin)
+recoverd-client-J   read ``P/jobs/J/``; readwrite ``P/jobs/J/inbox/``, ``P/events/J/``, ``P/rendezvous/J/``
+                    (job J's ranks: DLRecoverManager, ResilientTrainer, the msrun plugin; a gateway
+                    serving J)
 ==================  ===========================================================================
 
 Every one of a job's keys is under a prefix that names the job (``recoverd.keys``), so a job's
-role grants exactly that job. The client role cannot rewrite the job's spec or policy.
+role grants exactly that job. The client role writes only the job's *inbox* (client registrations,
+faults, reports: ``recoverd.keys``), its events and its rendezvous store: never the job's spec or
+policy, nor a run's status, recovery, commands or any other record the coordinator and agents keep.
 
 :func:`plan` is pure: it compares what a role should grant with what etcd has, and returns the
 steps still missing, each with its etcdctl equivalent, so ``setup`` is idempotent and
@@ -96,7 +99,8 @@ def role_grants(keys: Keyspace, role: str, job: str | None = None) -> tuple[Gran
     if role == "client":
         # Clients record events too (a registration, a fault report): the job's events, read-write.
         events = Grant(keys.job_events_prefix(job), READWRITE)
-        return (Grant(job_keys, READ), Grant(keys.runs_prefix(job), READWRITE), events, Grant(rendezvous, READWRITE))
+        inbox = Grant(keys.inbox_prefix(job), READWRITE)
+        return (Grant(job_keys, READ), inbox, events, Grant(rendezvous, READWRITE))
     raise ConfigError(f"unknown role {role!r}")
 
 

@@ -3,7 +3,10 @@
 aetcd 1.0 (pinned; docs/adr/0002) opens only plaintext channels (``grpc.aio.insecure_channel``).
 :class:`EtcdClient` opens a ``grpc.aio.secure_channel`` instead when given channel credentials,
 and otherwise does what aetcd's ``connect`` does: authenticate when a user is set (the token goes
-in every call's metadata), then create the stubs and the watcher. Everything else is aetcd's.
+in every call's metadata), then create the stubs and the watcher. One difference: a user given to
+an etcd whose authentication is off connects without a token (etcd answers ``Authenticate`` with
+"authentication is not enabled"; every call is allowed then), so an administrator can connect as
+root before turning authentication on. Everything else is aetcd's.
 
 How etcd's answers read (the store sorts its errors with :func:`access_problem`):
 
@@ -18,6 +21,7 @@ How etcd's answers read (the store sorts its errors with :func:`access_problem`)
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 import aetcd
@@ -26,7 +30,7 @@ from aetcd import rpc, watcher
 if TYPE_CHECKING:
     from recoverd.etcd_security import EtcdSecurity
 
-__all__ = ["EtcdClient", "access_problem", "is_stale_token", "tls_hint"]
+__all__ = ["EtcdClient", "access_problem", "is_auth_disabled", "is_stale_token", "tls_hint"]
 
 _TLS_HINTS = (
     "ssl",
@@ -46,23 +50,30 @@ class EtcdClient(aetcd.Client):
         self._credentials = credentials
 
     async def connect(self) -> None:
-        if self._credentials is None:
-            await super().connect()
-            return
         if self._connected.is_set():
+            return
+        if self._is_connecting:  # type: ignore[has-type]  # another task is connecting: wait for it, as aetcd does
+            await asyncio.wait_for(self._connected.wait(), self._connect_wait_timeout)
             return
         try:
             self._is_connecting = True
             target = f"{self._host}:{self._port}"
-            self.channel = rpc.secure_channel(target, self._credentials, options=self._options.items())
+            if self._credentials is None:
+                self.channel = rpc.insecure_channel(target, options=self._options.items())
+            else:
+                self.channel = rpc.secure_channel(target, self._credentials, options=self._options.items())
             if self._username is not None and self._password is not None:
                 self.auth_stub = rpc.AuthStub(self.channel)
                 request = rpc.AuthenticateRequest(name=self._username, password=self._password)
                 try:
                     response = await self.auth_stub.Authenticate(request, timeout=self._timeout)
+                    self.metadata = (("token", response.token),)
                 except rpc.AioRpcError as err:
-                    aetcd.exceptions._handle_exception(err)
-                self.metadata = (("token", response.token),)
+                    if not is_auth_disabled(err.details() or ""):
+                        aetcd.exceptions._handle_exception(err)
+                    # Authentication is off: there is no token to get, and every call is allowed.
+                    # `recoverctl auth setup --enable` connects as root before it turns it on.
+                    self.metadata = None  # type: ignore[assignment]
             self.kvstub = rpc.KVStub(self.channel)
             self.clusterstub = rpc.ClusterStub(self.channel)
             self.leasestub = rpc.LeaseStub(self.channel)
@@ -71,6 +82,11 @@ class EtcdClient(aetcd.Client):
             self._connected.set()
         finally:
             self._is_connecting = False
+
+
+def is_auth_disabled(detail: str) -> bool:
+    """etcd answers ``Authenticate`` so when its authentication is off: a user is then not needed."""
+    return "authentication is not enabled" in detail.lower()
 
 
 def access_problem(detail: str) -> str | None:

@@ -25,7 +25,9 @@ error and exit 2 before anything connects, not a TLS failure later.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -36,10 +38,16 @@ __all__ = [
     "SECRET_ENV",
     "EtcdSecurity",
     "add_arguments",
+    "add_rank_arguments",
+    "check_secret_file",
     "endpoint_scheme",
+    "for_ranks",
     "from_args",
     "from_env",
+    "ranks_from_args",
 ]
+
+log = logging.getLogger(__name__)
 
 #: Our variables, by field, and etcdctl's where it has one.
 ENV: dict[str, tuple[str, str | None]] = {
@@ -121,6 +129,7 @@ class EtcdSecurity:
             return self.password
         if not self.password_file:
             raise ConfigError("no etcd password configured")
+        check_secret_file(self.password_file, "etcd password file")
         try:
             with open(self.password_file, "rb") as f:
                 raw = f.read(MAX_PASSWORD_BYTES + 1)
@@ -165,6 +174,58 @@ class EtcdSecurity:
             "RECOVERD_ETCD_PASSWORD_FILE": _abs(self.password_file),
         }
         return env
+
+
+def for_ranks(
+    agent: EtcdSecurity,
+    *,
+    user: str | None = None,
+    password_file: str | None = None,
+    cert: str | None = None,
+    key: str | None = None,
+) -> EtcdSecurity:
+    """The identity an agent hands its ranks: the job's narrow client identity, never its own.
+
+    The CA is the agent's (the same etcd). A client certificate given for the ranks replaces the
+    agent's; otherwise the agent's TLS files are passed on (transport: etcd with
+    ``--client-cert-auth`` asks every client for one). The agent's *user* is never passed on: a
+    rank acts as the given ``user`` (job J's ``recoverd-client-J``), or as no user at all, which
+    etcd with authentication on refuses every key (docs/security.md, "Ranks").
+    """
+    if bool(cert) != bool(key):
+        raise ConfigError("--rank-etcd-cert and --rank-etcd-key go together: a certificate and its private key")
+    return EtcdSecurity(
+        cacert=agent.cacert,
+        cert=cert or agent.cert,
+        key=key or agent.key,
+        user=user,
+        password_file=password_file,
+    ).check()
+
+
+def check_secret_file(path: str, what: str) -> None:
+    """Warn (once per file and process) when a file holding a secret can be read by other users:
+    anyone on the host who reads it acts with its identity. A warning, not an error: the file may
+    be on a volume whose modes the process cannot change (a Kubernetes Secret's are 0644 unless
+    ``defaultMode`` says otherwise), and refusing would stop the service over an operator's setup."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # the read that follows reports it
+    if mode & (stat.S_IRGRP | stat.S_IROTH) and path not in _WARNED:
+        _WARNED.add(path)
+        log.warning(
+            "%s %s can be read by %s (mode %o): anyone on this host who reads it can act with its"
+            " identity; chmod 600 %s",
+            what,
+            path,
+            "every user" if mode & stat.S_IROTH else "its group",
+            stat.S_IMODE(mode),
+            path,
+        )
+
+
+_WARNED: set[str] = set()
 
 
 def _abs(path: str | None) -> str:
@@ -244,6 +305,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--etcd-user", metavar="NAME", default=None, help="etcd user (password from a file or env)")
     group.add_argument(
         "--etcd-password-file", metavar="FILE", default=None, help="file holding the etcd user's password"
+    )
+
+
+def add_rank_arguments(parser: argparse.ArgumentParser) -> None:
+    """The agent's flags for its ranks' etcd identity (job J's client user, docs/security.md)."""
+    group = parser.add_argument_group(
+        "the ranks' etcd identity",
+        "What the agent gives its ranks (DLRecoverManager, ResilientTrainer, the msrun plugin): job J's"
+        " client user (`recoverctl auth user J client`), which may write only registrations, faults,"
+        " reports, events and rendezvous keys. Never the agent's own user. Defaults:"
+        " $RECOVERD_RANK_ETCD_USER, _PASSWORD_FILE, _CERT, _KEY.",
+    )
+    group.add_argument("--rank-etcd-user", metavar="NAME", default=None, help="the ranks' etcd user")
+    group.add_argument(
+        "--rank-etcd-password-file", metavar="FILE", default=None, help="file with the ranks' user's password"
+    )
+    group.add_argument(
+        "--rank-etcd-cert", metavar="FILE", default=None, help="the ranks' client certificate (CN: their user)"
+    )
+    group.add_argument("--rank-etcd-key", metavar="FILE", default=None, help="that certificate's private key")
+
+
+def ranks_from_args(args: argparse.Namespace, agent: EtcdSecurity) -> EtcdSecurity:
+    """The ranks' identity from the agent's flags (:func:`for_ranks`)."""
+    return for_ranks(
+        agent,
+        user=getattr(args, "rank_etcd_user", None),
+        password_file=getattr(args, "rank_etcd_password_file", None),
+        cert=getattr(args, "rank_etcd_cert", None),
+        key=getattr(args, "rank_etcd_key", None),
     )
 
 

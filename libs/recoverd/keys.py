@@ -12,16 +12,21 @@ Layout under the versioned prefix (default ``/recoverd/v1``)::
     jobs/<job>/runs/<uid>/recovery             Recovery      coordinator
     jobs/<job>/runs/<uid>/history              History       coordinator
     jobs/<job>/runs/<uid>/nodes/<node>         NodeRecord    agent (leased)
-    jobs/<job>/runs/<uid>/clients/<client>     ClientRecord  recovery client (leased)
     jobs/<job>/runs/<uid>/ranks/<node>         NodeRanks     agent
-    jobs/<job>/runs/<uid>/faults/<fault_id>    Fault         agent / client; deleted by coordinator
-    jobs/<job>/runs/<uid>/reports/<participant>/<kind>  Report  agent / client
     jobs/<job>/runs/<uid>/decisions/<epoch>    Decision      strategy selector (create-if-absent)
     jobs/<job>/runs/<uid>/commands/<node>      Command       coordinator
     jobs/<job>/runs/<uid>/acks/<node>          CommandAck    agent
     jobs/<job>/runs/<uid>/signals/<seq>        Signal        coordinator
+    jobs/<job>/inbox/<uid>/clients/<client>    ClientRecord  recovery client (leased)
+    jobs/<job>/inbox/<uid>/faults/<fault_id>   Fault         agent / client; deleted by coordinator
+    jobs/<job>/inbox/<uid>/reports/<participant>/<kind>  Report  agent / client
     events/<job>/<uid>/<event_id>              Event         every service (capped per job)
     rendezvous/<job>/<uid>/<key>               (raw bytes)   the job's ranks (taskd_client.pytorch's store)
+
+What a job's ranks may write (registration, faults, reports) lives in the run's *inbox*, apart
+from the records only the coordinator and agents write: etcd grants permissions by key range, so
+one static range per job (``jobs/<job>/inbox/``) is what lets a rank's role write those and
+nothing else of its job (docs/adr/0040-gateway-callers-and-rank-identity.md).
 
 Events live outside ``jobs/`` so that writing one never wakes the reconcilers watching ``jobs/``
 nor conflicts with the coordinator's fenced transactions over a run's keys. So does the ranks'
@@ -92,6 +97,8 @@ class KeyKind(StrEnum):
     EVENT = "events"
 
 
+#: What a job's ranks write: under ``jobs/<job>/inbox/<uid>/``, every other run record under ``runs/``.
+_INBOX_KINDS = {KeyKind.CLIENT, KeyKind.FAULT, KeyKind.REPORT}
 _RUN_SINGLETONS = {KeyKind.STATUS, KeyKind.RECOVERY, KeyKind.HISTORY}
 _RUN_COLLECTIONS = {
     KeyKind.NODE,
@@ -166,8 +173,16 @@ class Keyspace:
     def node(self, run: RunRef, node: str) -> str:
         return f"{self.nodes_prefix(run)}{check_id('node', node)}"
 
+    def inbox_prefix(self, job: str) -> str:
+        """Every run's inbox: what the job's ranks may write (the client role's one range)."""
+        return f"{self.job_prefix(job)}inbox/"
+
+    def run_inbox_prefix(self, run: RunRef) -> str:
+        """One run's inbox (registrations, faults, reports); removed together with the run."""
+        return f"{self.inbox_prefix(run.job)}{check_id('run', run.uid)}/"
+
     def clients_prefix(self, run: RunRef) -> str:
-        return f"{self.run_prefix(run)}clients/"
+        return f"{self.run_inbox_prefix(run)}clients/"
 
     def client(self, run: RunRef, client_id: str) -> str:
         return f"{self.clients_prefix(run)}{check_id('client', client_id)}"
@@ -179,13 +194,13 @@ class Keyspace:
         return f"{self.ranks_prefix(run)}{check_id('node', node)}"
 
     def faults_prefix(self, run: RunRef) -> str:
-        return f"{self.run_prefix(run)}faults/"
+        return f"{self.run_inbox_prefix(run)}faults/"
 
     def fault(self, run: RunRef, fault_id: str) -> str:
         return f"{self.faults_prefix(run)}{check_id('fault', fault_id)}"
 
     def reports_prefix(self, run: RunRef) -> str:
-        return f"{self.run_prefix(run)}reports/"
+        return f"{self.run_inbox_prefix(run)}reports/"
 
     def report(self, run: RunRef, participant: str, kind: str) -> str:
         return f"{self.reports_prefix(run)}{check_id('participant', participant)}/{check_id('report kind', kind)}"
@@ -281,13 +296,17 @@ class Keyspace:
         job = check_id("job", parts[1])
         if parts[2:] == ["spec"]:
             return KeyRef(KeyKind.JOB_SPEC, job)
-        if len(parts) < 5 or parts[2] != "runs":
+        if len(parts) < 5 or parts[2] not in ("runs", "inbox"):
             raise BadRecord(f"key {text!r} names nothing recoverd knows")
         uid = check_id("run", parts[3])
         try:
             kind = KeyKind(parts[4])
         except ValueError:
             raise BadRecord(f"key {text!r}: unknown record kind {parts[4]!r}") from None
+        if (kind in _INBOX_KINDS) != (parts[2] == "inbox"):
+            raise BadRecord(
+                f"key {text!r}: {kind.value} records live under {'inbox' if kind in _INBOX_KINDS else 'runs'}/"
+            )
         rest = parts[5:]
         if kind in _RUN_SINGLETONS and not rest:
             return KeyRef(kind, job, uid)

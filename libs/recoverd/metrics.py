@@ -229,7 +229,7 @@ class Health:
 class MetricsServer:
     """``/metrics``, ``/healthz``, ``/readyz`` on ``host:port`` (port 0: any free one, see ``port``)."""
 
-    def __init__(self, port: int, health: Health, host: str = "0.0.0.0") -> None:
+    def __init__(self, port: int, health: Health, host: str = "127.0.0.1") -> None:
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest

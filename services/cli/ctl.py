@@ -184,6 +184,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     # One line per failure: library warnings (a known-bad etcd release, which the services log)
     # would bury the answer; errors still show, as "recoverctl: ..." lines.
     logging.basicConfig(level=logging.ERROR, format="recoverctl: %(message)s")
+    # Except a secret that others can read: that is this command's setup to fix (docs/security.md).
+    logging.getLogger("recoverd.etcd_security").setLevel(logging.WARNING)
     if not args.etcd:
         print("recoverctl: error: no etcd endpoint (--etcd or RECOVERD_ETCD)", file=sys.stderr)
         sys.exit(2)

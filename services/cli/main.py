@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -254,7 +255,7 @@ async def _serving_metrics(
         return await store.get(keys.leader()) is not None
 
     health = Health(store.revision, leader_known if leader else None)
-    server = MetricsServer(args.metrics_port, health).start()
+    server = MetricsServer(args.metrics_port, health, host=args.metrics_host).start()
     task = asyncio.create_task(health.run(), name="health")
     try:
         yield
@@ -265,14 +266,32 @@ async def _serving_metrics(
         server.close()
 
 
-def _warn_rank_credentials(security: EtcdSecurity) -> None:
-    """Ranks get paths, never a password: with a password from the environment they get none."""
-    if security.user and not security.password_file:
+def _warn_rank_credentials(security: EtcdSecurity, ranks: EtcdSecurity, job: str) -> None:
+    """Ranks get the job's client identity, never the agent's (docs/security.md, "Ranks")."""
+    if ranks.user:
+        if not ranks.password_file:
+            log.warning(
+                "the ranks' etcd user %s has its password in the environment, which ranks do not inherit: a"
+                " rank's client cannot authenticate. Give it as --rank-etcd-password-file FILE",
+                ranks.user,
+            )
+        return
+    if security.user:
         log.warning(
-            "etcd user %s's password comes from the environment, which ranks do not inherit: a rank's client"
-            " (DLRecoverManager, ResilientTrainer) cannot authenticate. Give it as --etcd-password-file FILE,"
-            " or use client certificates (docs/security.md)",
+            "ranks get no etcd user (never the agent's own, %s): with authentication on, their clients"
+            " (DLRecoverManager, ResilientTrainer, the msrun plugin) are refused. Give them job %s's client"
+            " user: --rank-etcd-user recoverd-client-%s --rank-etcd-password-file FILE (docs/security.md)",
             security.user,
+            job,
+            job,
+        )
+    elif ranks.cert and ranks.cert == security.cert:
+        log.warning(
+            "ranks get the agent's own client certificate %s: where etcd takes its common name as the user,"
+            " they act as the agent. Give them job %s's client certificate: --rank-etcd-cert/--rank-etcd-key"
+            " (docs/security.md)",
+            security.cert,
+            job,
         )
 
 
@@ -286,6 +305,9 @@ async def _main_async(args: argparse.Namespace) -> int:
         settings = (
             _agent_settings(args, args.etcd, args.job, args.nnodes, args.node_rank) if args.cmd == "agent" else None
         )
+        ranks = etcd_security.ranks_from_args(args, security) if settings is not None else None
+        if settings is not None and ranks is not None:
+            settings = dataclasses.replace(settings, rank_etcd=ranks)
         async with Store(args.etcd, security=security) as store:
             await store.verify()  # wrong CA, expired certificate, wrong password: exit 2 before any write
             async with _serving_metrics(args, store, keys, leader=args.cmd == "coordinator"):
@@ -293,7 +315,8 @@ async def _main_async(args: argparse.Namespace) -> int:
                     return await _serve_gateway(store, keys, args)
                 if settings is not None:
                     logs.bind(job=settings.job, node=settings.node)
-                    _warn_rank_credentials(security)
+                    assert ranks is not None
+                    _warn_rank_credentials(security, ranks, settings.job)
                     become_subreaper()
                     return await NodeAgent(store, keys, settings).run()
                 return await _serve(

@@ -56,6 +56,13 @@ def add_common(parser: argparse.ArgumentParser, *, etcd_required: bool) -> None:
         " else 0: off; docs/operations.md)",
     )
     parser.add_argument(
+        "--metrics-host",
+        default=os.environ.get("RECOVERD_METRICS_HOST") or "127.0.0.1",
+        metavar="HOST",
+        help="the address --metrics-port listens on (default: $RECOVERD_METRICS_HOST or %(default)s: this host"
+        " only; 0.0.0.0 for a scraper on another host, e.g. in a container)",
+    )
+    parser.add_argument(
         "--cpu-boost",
         type=non_negative(int),
         default=int(os.environ.get("RECOVERD_CPU_BOOST") or DEFAULT_BOOST),
@@ -285,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="join a running job as a spare node: run no ranks until `recover` moves a faulty node's ranks"
         " here, or an upgrade brings back ranks a downgrade isolated (docs/strategies.md)",
     )
+    etcd_security.add_rank_arguments(agent)
 
     gateway = sub.add_parser("gateway", help="the Recover gRPC gateway for unmodified MindCluster clients")
     add_common(gateway, etcd_required=True)

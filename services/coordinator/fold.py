@@ -151,6 +151,7 @@ class Fold:
         cap = self.settings.cleanups_per_pass
         for uid in sorted(self.view.other_runs)[:cap]:
             self.ops.append(DeletePrefix(self.keys.run_prefix(RunRef(self.run.job, uid))))
+            self.ops.append(DeletePrefix(self.keys.run_inbox_prefix(RunRef(self.run.job, uid))))
         self.more = self.more or len(self.view.other_runs) > cap
 
     def load_recovery(self) -> None:

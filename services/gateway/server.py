@@ -26,6 +26,7 @@ from recoverd.keys import Keyspace
 from recoverd.mindcluster import recover_pb2_grpc
 from recoverd.store import Store
 
+from . import callers
 from .service import GatewaySettings, RecoverService
 
 __all__ = ["SERVER_OPTIONS", "Gateway", "add_arguments", "settings_from_args"]
@@ -62,7 +63,7 @@ class Gateway:
 
     def __init__(self, store: Store, keys: Keyspace, settings: GatewaySettings) -> None:
         self.settings = settings
-        self.service = RecoverService(store, keys, settings)
+        self.service = RecoverService(store, keys, settings, admission(settings))
         self.port = 0
         self.health: health.aio.HealthServicer | None = None
         self._server: grpc.aio.Server | None = None
@@ -117,6 +118,40 @@ class Gateway:
             if server is not None:
                 await server.stop(self.settings.shutdown_grace_s)
         log.info("recoverd gateway stopped")
+
+
+def admission(settings: GatewaySettings) -> callers.CallerTable | None:
+    """The caller table of ``--auth-file``, or None for local trust, which is allowed only on a
+    loopback address or with ``--allow-any-caller`` (ConfigError otherwise: exit 2 before
+    listening). Says in the log which it is."""
+    if settings.auth_file:
+        table = callers.load(settings.auth_file)
+        log.info(
+            "gateway callers from %s: %d token(s), %d certificate name(s); every other caller is refused",
+            settings.auth_file, len(table.by_token), len(table.by_certificate),
+        )  # fmt: skip
+        if table.by_token and not settings.tls_cert and not callers.is_loopback(settings.listen):
+            log.warning(
+                "bearer tokens over plaintext on %s: anyone on the path can read and reuse them;"
+                " serve TLS (--tls-cert/--tls-key)",
+                settings.listen,
+            )
+        return table
+    if callers.is_loopback(settings.listen):
+        log.info("no --auth-file: local trust, every caller that reaches %s may act on every job", settings.listen)
+        return None
+    if settings.allow_any_caller:
+        log.warning(
+            "no --auth-file and --allow-any-caller: every caller that reaches %s may act on every job"
+            " (inject faults, restart ranks); only behind a network policy that admits the jobs' own pods",
+            settings.listen,
+        )
+        return None
+    raise ConfigError(
+        f"the gateway would listen on {settings.listen} with no --auth-file: any caller that reaches it could"
+        " act on every job. Give --auth-file FILE (callers and their jobs: docs/gateway.md), listen on"
+        " loopback, or accept it with --allow-any-caller behind a network policy"
+    )
 
 
 _positive_float = positive(float)
@@ -174,6 +209,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tls.add_argument(
         "--tls-client-ca", metavar="FILE", help="require client certificates signed by this CA (mutual TLS)"
     )
+    who = parser.add_argument_group('the gateway\'s callers (docs/gateway.md, "Callers")')
+    who.add_argument(
+        "--auth-file",
+        metavar="FILE",
+        help="YAML: which callers (bearer token digest, or client certificate name) may act on which jobs;"
+        " every other call is refused. Without it, every caller may act on every job (local trust)",
+    )
+    who.add_argument(
+        "--allow-any-caller",
+        action="store_true",
+        help="allow local trust on a non-loopback --listen (only behind a network policy)",
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
@@ -186,4 +233,6 @@ def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
+        auth_file=args.auth_file,
+        allow_any_caller=args.allow_any_caller,
     )

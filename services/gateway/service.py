@@ -33,15 +33,18 @@ from typing import Any
 
 import grpc
 
+from recoverd import events
 from recoverd.codes import Code
-from recoverd.errors import BadRecord, RecoverdError
-from recoverd.keys import Keyspace, check_id
+from recoverd.errors import BadRecord, Reason, RecoverdError
+from recoverd.keys import Keyspace, RunRef, check_id
 from recoverd.mindcluster import recover_pb2 as wire
 from recoverd.mindcluster import recover_pb2_grpc
 from recoverd.records import decode, pb
 from recoverd.store import Store
 from taskd_client.session import ClientSession, Outcome
 from taskd_client.signals import KEEP_ALIVE, to_wire
+
+from .callers import Allowed, CallerTable, call_identity
 
 __all__ = ["NOT_SUPPORTED", "GatewaySettings", "RecoverService", "not_registered_text"]
 
@@ -77,7 +80,9 @@ class GatewaySettings:
     * ``call_timeout_s``: the budget of one RPC's etcd work; over it the call answers 599.
     """
 
-    listen: str = "0.0.0.0:8899"
+    #: Loopback by default: without ``auth_file`` every caller that reaches the port may act on
+    #: every job (docs/gateway.md, "Callers").
+    listen: str = "127.0.0.1:8899"
     keepalive_interval_s: float = 5.0
     client_lease_ttl_s: float = 5.0
     client_grace_s: float = 10.0
@@ -88,6 +93,13 @@ class GatewaySettings:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None
+    #: Who may act on which jobs (``callers.py``); None: every caller (local trust).
+    auth_file: str | None = None
+    #: Serve every caller on a non-loopback address without an auth file (a network policy stands in).
+    allow_any_caller: bool = False
+    #: At most one ``caller_denied`` event per caller and job this often (a refused caller cannot
+    #: fill a job's event log).
+    denied_event_interval_s: float = 60.0
 
 
 class _JobClient:
@@ -126,10 +138,14 @@ class _JobClient:
 class RecoverService(recover_pb2_grpc.RecoverServicer):  # type: ignore[misc]
     """The servicer. Build it once, serve it with grpc.aio, and ``await aclose()`` at shutdown."""
 
-    def __init__(self, store: Store, keys: Keyspace, settings: GatewaySettings) -> None:
+    def __init__(
+        self, store: Store, keys: Keyspace, settings: GatewaySettings, callers: CallerTable | None = None
+    ) -> None:
         self.store = store
         self.keys = keys
         self.settings = settings
+        self.callers = callers
+        self._denied_at: dict[tuple[str, str], float] = {}
         self._initialised: set[str] = set()
         self._clients: dict[str, _JobClient] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -199,6 +215,44 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):  # type: ignore[misc]
         if client.open_streams == 0 and not client.is_closed:
             await self._drop(client, f"no subscription stream for {self.settings.client_grace_s:g}s")
 
+    # ---------------------------------------------------------------- callers
+    async def _admit(self, context: Any, method: str, job: str) -> None:
+        """Abort the call (UNAUTHENTICATED / PERMISSION_DENIED) unless its caller may act on
+        ``job``; a refusal is logged and recorded as a ``caller_denied`` event of the job. Called
+        before any work, outside ``_guarded``, whose catch-all would swallow the abort."""
+        if self.callers is None:
+            return  # local trust: said once at startup
+        token, names = call_identity(context)
+        verdict = self.callers.authorize(token, names, job)
+        if isinstance(verdict, Allowed):
+            return
+        log.warning("%s from %s refused (%s): %s", method, context.peer(), verdict.code.name, verdict.detail)
+        await self._record_denial(method, job, verdict.who, verdict.code.name, context.peer())
+        await context.abort(verdict.code, verdict.detail)
+
+    async def _record_denial(self, method: str, job: str, who: str, code: str, peer: str) -> None:
+        """One event per (caller, job) per interval, in the job's current run; best effort (a
+        refused call must not wait on etcd, and a job that does not exist has no log)."""
+        if self._bad_job(job):
+            return
+        now = time.monotonic()
+        last = self._denied_at.get((who, job))
+        if last is not None and now - last < self.settings.denied_event_interval_s:
+            return
+        if len(self._denied_at) > 4096:
+            self._denied_at.clear()
+        self._denied_at[(who, job)] = now
+        with contextlib.suppress(RecoverdError, TimeoutError):
+            async with asyncio.timeout(self.settings.call_timeout_s):
+                spec = await ClientSession(self.store, self.keys, job).find_job()
+                if spec is None:
+                    return
+                why = f"{method} refused ({code}): {who} from {peer} may not act on job {job}"
+                await events.write_event(
+                    self.store, self.keys, RunRef(job, spec.uid), "gateway", Reason.CALLER_DENIED, why,
+                    data={"method": method, "code": code, "caller": who, "peer": peer},
+                )  # fmt: skip
+
     # ---------------------------------------------------------------- guard
     async def _guarded(self, name: str, call: Callable[[], Awaitable[wire.Status]]) -> wire.Status:
         """Run a unary RPC's work within the call budget; failures become a 599 Status (contract
@@ -226,6 +280,7 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):  # type: ignore[misc]
 
     # ---------------------------------------------------------------- Init / Register
     async def Init(self, request: wire.ClientInfo, context: Any) -> wire.Status:
+        await self._admit(context, "Init", request.jobId)
         return await self._guarded("Init", lambda: self._init(request))
 
     async def _init(self, request: wire.ClientInfo) -> wire.Status:
@@ -249,6 +304,7 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):  # type: ignore[misc]
         return wire.Status(code=Code.OK, info="init success")
 
     async def Register(self, request: wire.ClientInfo, context: Any) -> wire.Status:
+        await self._admit(context, "Register", request.jobId)
         return await self._guarded("Register", lambda: self._register(request))
 
     async def _register(self, request: wire.ClientInfo) -> wire.Status:
@@ -279,6 +335,7 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):  # type: ignore[misc]
 
     # ---------------------------------------------------------------- signals
     async def SubscribeProcessManageSignal(self, request: wire.ClientInfo, context: Any) -> None:
+        await self._admit(context, "SubscribeProcessManageSignal", request.jobId)
         job = request.jobId
         client = self.registered(job)
         if client is None:
@@ -381,18 +438,21 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):  # type: ignore[misc]
         return await self._guarded(name, go)
 
     async def ReportStopComplete(self, request: wire.StopCompleteRequest, context: Any) -> wire.Status:
+        await self._admit(context, "ReportStopComplete", request.jobId)
         return await self._report(
             "ReportStopComplete", request.jobId, pb.REPORT_STOP_COMPLETE, request.faultRanks,
             code=request.status.code, message=request.status.info,
         )  # fmt: skip
 
     async def ReportRecoverStrategy(self, request: wire.RecoverStrategyRequest, context: Any) -> wire.Status:
+        await self._admit(context, "ReportRecoverStrategy", request.jobId)
         return await self._report(
             "ReportRecoverStrategy", request.jobId, pb.REPORT_STRATEGIES, request.faultRanks,
             strategies=list(request.strategies),
         )  # fmt: skip
 
     async def ReportRecoverStatus(self, request: wire.RecoverStatusRequest, context: Any) -> wire.Status:
+        await self._admit(context, "ReportRecoverStatus", request.jobId)
         # isolateRankIds has no place in a session report (upstream's client never fills it).
         return await self._report(
             "ReportRecoverStatus", request.jobId, pb.REPORT_RECOVER_STATUS, (),
@@ -400,6 +460,8 @@ class RecoverService(recover_pb2_grpc.RecoverServicer):  # type: ignore[misc]
         )  # fmt: skip
 
     async def ReportProcessFault(self, request: wire.ProcessFaultRequest, context: Any) -> wire.Status:
+        await self._admit(context, "ReportProcessFault", request.jobId)
+
         async def go() -> wire.Status:
             session = self._session_for(request.jobId)
             if isinstance(session, wire.Status):

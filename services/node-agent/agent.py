@@ -610,7 +610,7 @@ class NodeAgent:
         client needs to connect as the agent does (docs/security.md: paths, never a password)."""
         env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
         env.update(self.settings.extra_env)
-        env.update(self.store.security.rank_env())
+        env.update((self.settings.rank_etcd or self.store.security).rank_env())
         return env
 
     def _rank_env(self, slot: RankSlot) -> dict[str, str]:

@@ -211,6 +211,7 @@ class Membership:
                     raise JobSpecMismatch(f"a spare joins a running job, and job {job} has no live run")
                 ops += [
                     DeletePrefix(self.keys.run_prefix(view.run)),
+                    DeletePrefix(self.keys.run_inbox_prefix(view.run)),
                     DeletePrefix(self.keys.events_prefix(view.run)),
                     DeletePrefix(self.keys.rendezvous_prefix(view.run)),
                 ]

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from recoverd.errors import ConfigError, JobSpecMismatch
+from recoverd.etcd_security import EtcdSecurity
 from recoverd.keys import check_id
 from recoverd.records import pb
 from recoverd.store import check_lease_ttl
@@ -81,6 +82,9 @@ class AgentSettings:
     retry_s: float = 0.1
     retry_max_s: float = 2.0
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    #: The etcd identity given to the ranks (job J's client user: docs/security.md); None: the
+    #: agent's own connection settings (an embedded etcd without users).
+    rank_etcd: EtcdSecurity | None = None
     #: A device plugin's reset.json to turn into faults (watched, never written).
     reset_json: str | None = None
     #: Where to mirror recoverd's state in reset.json form, for tools that read it.

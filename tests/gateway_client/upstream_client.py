@@ -8,7 +8,9 @@ Register, subscribe, answer stopTrain / globalFault / changeStrategy with a repo
 re-Register and resend once when a report returns non-zero. Everything it sees is printed to stdout
 as one JSON object per line (``event``: init, register, report, signal, stream_error, probe, ...).
 
-``--probe`` instead runs one-shot checks of the RPCs' error paths and prints their results.
+``--probe`` instead runs one-shot checks of the RPCs' error paths and prints their results;
+``--calls`` makes each of the calls that act on a job once and prints how each was answered.
+``--token T`` sends ``authorization: Bearer T`` with every call (a gateway with ``--auth-file``).
 """
 
 from __future__ import annotations
@@ -36,8 +38,37 @@ rpc: Any = None
 _print_lock = threading.Lock()
 
 
+class _Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):  # type: ignore[misc]
+    """Adds ``authorization: Bearer TOKEN`` to every call's metadata."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+    def _with_token(self, details: Any) -> Any:
+        metadata = [*(details.metadata or ()), ("authorization", f"Bearer {self.token}")]
+        return details._replace(metadata=metadata) if hasattr(details, "_replace") else _Details(details, metadata)
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._with_token(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._with_token(details), request)
+
+
+class _Details(grpc.ClientCallDetails):  # type: ignore[misc]
+    def __init__(self, base: Any, metadata: list[tuple[str, str]]) -> None:
+        self.method, self.timeout, self.credentials = base.method, base.timeout, base.credentials
+        self.wait_for_ready, self.compression = base.wait_for_ready, base.compression
+        self.metadata = metadata
+
+
 def channel(args: argparse.Namespace, options: list[tuple[str, int]]) -> grpc.Channel:
     """TaskD's channel: plaintext, or TLS (with a client certificate for mutual TLS) when given."""
+    chan = _channel(args, options)
+    return grpc.intercept_channel(chan, _Bearer(args.token)) if args.token else chan
+
+
+def _channel(args: argparse.Namespace, options: list[tuple[str, int]]) -> grpc.Channel:
     if not args.tls_ca:
         return grpc.insecure_channel(args.addr, options=options)
 
@@ -292,6 +323,40 @@ def probe(args: argparse.Namespace) -> None:
     out("probe_done")
 
 
+def calls(args: argparse.Namespace) -> None:
+    """Each call that acts on ``--job`` once: how it was answered (a gRPC code, or OK and the
+    Status code). Init first, so that Register would pass a gateway's order checks."""
+    chan = channel(args, UPSTREAM_OPTIONS)
+    stub = rpc.RecoverStub(chan)
+    job = args.job
+    info = pb.ClientInfo(jobId=job, role="master agent")
+    rank0 = [pb.FaultRank(rankId="0", faultType="1")]
+    unary = {
+        "Init": lambda: stub.Init(info, timeout=5),
+        "Register": lambda: stub.Register(info, timeout=5),
+        "ReportProcessFault": lambda: stub.ReportProcessFault(pb.ProcessFaultRequest(jobId=job, faultRanks=rank0),
+                                                              timeout=5),
+        "ReportStopComplete": lambda: stub.ReportStopComplete(pb.StopCompleteRequest(jobId=job, faultRanks=rank0),
+                                                              timeout=5),
+        "ReportRecoverStrategy": lambda: stub.ReportRecoverStrategy(
+            pb.RecoverStrategyRequest(jobId=job, strategies=["exit"]), timeout=5),
+        "ReportRecoverStatus": lambda: stub.ReportRecoverStatus(pb.RecoverStatusRequest(jobId=job), timeout=5),
+    }  # fmt: skip
+    for name, call in unary.items():
+        try:
+            status = call()
+            out("call", name=name, grpc_code="OK", code=status.code, info=status.info)
+        except grpc.RpcError as err:
+            out("call", name=name, grpc_code=err.code().name, details=err.details())
+    try:
+        first = next(stub.SubscribeProcessManageSignal(info, timeout=5))
+        out("call", name="SubscribeProcessManageSignal", grpc_code="OK", first=first.signalType)
+    except grpc.RpcError as err:
+        out("call", name="SubscribeProcessManageSignal", grpc_code=err.code().name, details=err.details())
+    chan.close()
+    out("calls_done")
+
+
 def ping_flood(args: argparse.Namespace) -> None:
     """Ping far more often than upstream (every 0.2 s, no call open) and watch the connection.
 
@@ -327,6 +392,8 @@ def main() -> None:
     parser.add_argument("--health-check", action="store_true", help="HealthCheck every second, as upstream")
     parser.add_argument("--exit-on-stream-error", action="store_true")
     parser.add_argument("--probe", action="store_true")
+    parser.add_argument("--calls", action="store_true", help="each call on --job once, then exit")
+    parser.add_argument("--token", default=None, help="send 'authorization: Bearer TOKEN' with every call")
     parser.add_argument("--exit-only-job", default="")
     parser.add_argument("--ping-seconds", type=float, default=4.0)
     parser.add_argument("--tls-ca", default=None, help="dial with TLS, trusting this CA (PEM)")
@@ -336,6 +403,8 @@ def main() -> None:
     load_stubs(args.stubs)
     if args.probe:
         probe(args)
+    elif args.calls:
+        calls(args)
     else:
         Controller(args).run()
     out("exit")

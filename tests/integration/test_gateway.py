@@ -8,6 +8,7 @@ and the legacy DLRecoverManager's behaviour; it prints what it sees as JSON line
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import json
 import os
@@ -336,12 +337,20 @@ def test_the_gateway_with_mutual_tls_completes_a_recovery(cluster: Cluster, upst
     client_cert = ca.issue_cert("taskd.example", common_name="taskd")
     client_cert.cert_chain_pems[0].write_to_path(files["client"])
     client_cert.private_key_pem.write_to_path(files["client-key"])
+    # Two more certificates of the same CA: one the auth file gives another job, one it does not list.
+    for name in ("intruder", "stranger"):
+        leaf = ca.issue_cert(f"{name}.example", common_name=name)
+        leaf.cert_chain_pems[0].write_to_path(str(tmp_path / f"{name}.pem"))
+        leaf.private_key_pem.write_to_path(str(tmp_path / f"{name}-key.pem"))
     job = "job-gw-tls"
+    auth = _auth_file(
+        tmp_path, [{"certificate": "taskd", "jobs": [job]}, {"certificate": "intruder", "jobs": ["job-x"]}]
+    )
     cluster.coordinator()
     cluster.strategy()
     cluster.agent(job, nproc=2, strategies="recover-in-place,exit")
     tls = ("--tls-cert", files["server"], "--tls-key", files["server-key"], "--tls-client-ca", files["ca"])
-    port = start_gateway(cluster, *tls)
+    port = start_gateway(cluster, *tls, "--auth-file", auth)
     before = cluster.wait_running(job, 2)
 
     # Without a client certificate (or over plaintext) the handshake is refused; with one it succeeds.
@@ -363,6 +372,15 @@ def test_the_gateway_with_mutual_tls_completes_a_recovery(cluster: Cluster, upst
     assert ready(grpc.ssl_channel_credentials(ca_pem, *mine))
     assert cluster.view(job).clients == {}
 
+    # Any certificate of the CA gets through the handshake; only the one the auth file ties to the
+    # job may act on it.
+    for name, code in (("intruder", "PERMISSION_DENIED"), ("stranger", "UNAUTHENTICATED")):
+        cert = ("--tls-ca", files["ca"], "--tls-cert", str(tmp_path / f"{name}.pem"),
+                "--tls-key", str(tmp_path / f"{name}-key.pem"))  # fmt: skip
+        answers = _calls(upstream(port, job, "--calls", *cert))
+        assert set(answers.values()) == {code}, (name, answers)
+    assert cluster.view(job).clients == {} and cluster.view(job).faults == {}
+
     client = upstream(
         port, job, "--tls-ca", files["ca"], "--tls-cert", files["client"], "--tls-key", files["client-key"]
     )
@@ -374,6 +392,72 @@ def test_the_gateway_with_mutual_tls_completes_a_recovery(cluster: Cluster, upst
     assert [s["signalType"] for s in client.signals()] == ["stopTrain", "globalFault", "changeStrategy"]
     assert [r["code"] for r in client.events("report", attempt=1)] == [0, 0, 0]
     assert cluster.ranks(job)[1].restart_count == 1
+
+
+def _auth_file(folder: Path, callers: list[dict[str, Any]]) -> str:
+    path = folder / "gateway-callers.yaml"
+    path.write_text(json.dumps({"callers": callers}))  # JSON is YAML
+    path.chmod(0o600)
+    return str(path)
+
+
+def _calls(client: UpstreamClient) -> dict[str, str]:
+    """The upstream client's ``--calls``: each call's gRPC code (OK:<Status code> when answered)."""
+    client.wait_for("the calls", lambda: client.events("calls_done"), timeout=30)
+    return {
+        c["name"]: c["grpc_code"] if c["grpc_code"] != "OK" else f"OK:{c.get('code', c.get('first'))}"
+        for c in client.events("call")
+    }
+
+
+def _sha256(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def test_a_caller_acts_only_on_the_jobs_its_token_is_given(cluster: Cluster, upstream, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """issue 25: with --tls-client-ca any certificate of the CA, and without it any caller, could
+    inject a fault into any job. With --auth-file a caller's identity is tied to its jobs: every
+    call on another job is refused (PERMISSION_DENIED), an unknown or missing identity too
+    (UNAUTHENTICATED); the refused job is untouched and its event log says so, once per caller."""
+    mine, theirs = "job-gw-mine", "job-gw-theirs"
+    _put_job(cluster, mine, ["recover-in-place", "exit"])
+    _put_job(cluster, theirs, ["recover-in-place", "exit"])
+    auth = _auth_file(tmp_path, [{"name": "team-mine", "token_sha256": _sha256("token-mine"), "jobs": [mine]}])
+    port = start_gateway(cluster, "--auth-file", auth)
+    calls = ("Init", "Register", "ReportProcessFault", "ReportStopComplete", "ReportRecoverStrategy",
+             "ReportRecoverStatus", "SubscribeProcessManageSignal")  # fmt: skip
+
+    refused = _calls(upstream(port, theirs, "--calls", "--token", "token-mine"))
+    assert refused == dict.fromkeys(calls, "PERMISSION_DENIED")
+    for token in ((), ("--token", "a-guess")):
+        anonymous = _calls(upstream(port, theirs, "--calls", *token))
+        assert anonymous == dict.fromkeys(calls, "UNAUTHENTICATED"), token
+    view = cluster.view(theirs)
+    assert view.clients == {} and view.faults == {}
+    assert not cluster._run(lambda store: store.get_prefix(cluster.keys.inbox_prefix(theirs))).kvs
+    denied = [e for e in cluster.events(theirs) if e.reason == "caller_denied"]
+    assert sorted(e.data["caller"] for e in denied) == [
+        "a bearer token the auth file does not list",
+        "no identity (neither a bearer token nor a client certificate)",
+        "team-mine",
+    ], denied  # one per caller, not one per call
+    assert all(e.source == "gateway" for e in denied)
+
+    allowed = _calls(upstream(port, mine, "--calls", "--token", "token-mine"))
+    assert allowed["Init"] == "OK:0" and allowed["Register"] == "OK:0" and allowed["ReportProcessFault"] == "OK:0"
+    assert allowed["SubscribeProcessManageSignal"] == "OK:keep-alive"
+    assert len(cluster.view(mine).clients) == 1 and len(cluster.view(mine).faults) == 1
+
+
+def test_the_gateway_listens_on_loopback_unless_told_and_refuses_local_trust_elsewhere(cluster: Cluster) -> None:
+    from recoverd.cli.parser import build_parser, subcommands
+
+    listen = [a.default for a in subcommands(build_parser())["gateway"]._actions if "--listen" in a.option_strings]
+    assert listen == ["127.0.0.1:8899"]
+    proc = cluster.spawn("gateway", ["gateway", "--etcd", cluster.endpoint, "--listen", f"0.0.0.0:{_free_port()}"])
+    assert proc.wait(timeout=30) == 2
+    text = Path(proc.log_path).read_text()  # type: ignore[attr-defined]
+    assert "with no --auth-file: any caller that reaches it could act on every job" in text, text
 
 
 def test_the_gateway_refuses_half_a_tls_setup(cluster: Cluster, tmp_path: Path) -> None:

@@ -144,7 +144,8 @@ def test_a_busy_metrics_port_is_a_clear_error(cluster: Cluster) -> None:
         port = taken.getsockname()[1]
         proc = cluster.spawn("strategy", ["strategy", "--etcd", cluster.endpoint, "--metrics-port", str(port)])
         assert proc.wait(timeout=30) == 2
-    assert f"cannot serve metrics on 0.0.0.0:{port}" in open(proc.log_path).read()  # type: ignore[attr-defined]
+    # --metrics-host defaults to loopback (127.0.0.1), which the port taken on every interface covers.
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in open(proc.log_path).read()  # type: ignore[attr-defined]
 
 
 def test_an_agent_logs_json_lines_with_its_job_node_and_rank(cluster: Cluster) -> None:

@@ -23,11 +23,12 @@ from pathlib import Path
 
 import pytest
 
+from recoverd import etcd_admin
 from recoverd.cli import auth, ctl
 from recoverd.errors import EtcdUnavailable, PermissionDenied
 from recoverd.etcd_security import EtcdSecurity
 from recoverd.etcd_server import EmbeddedEtcd, ServerTLS, find_etcdctl_binary
-from recoverd.keys import Keyspace
+from recoverd.keys import Keyspace, RunRef
 from recoverd.mindcluster import recover_pb2 as wire
 from recoverd.records import encode, pb
 from recoverd.store import Store, WatchEvent
@@ -65,6 +66,13 @@ class Secure:
             **self.certs("nobody"),
             "RECOVERD_ETCD_USER": f"recoverd-{role}-{job}",
             "RECOVERD_ETCD_PASSWORD_FILE": str(self.dir / f"{role}-{job}.pw"),
+        }
+
+    def rank_identity(self, job: str) -> dict[str, str]:
+        """The agent's settings (RECOVERD_<FLAG>) that give its ranks job ``job``'s client user."""
+        return {
+            "RECOVERD_RANK_ETCD_USER": f"recoverd-client-{job}",
+            "RECOVERD_RANK_ETCD_PASSWORD_FILE": str(self.dir / f"client-{job}.pw"),
         }
 
     def security(self, env: dict[str, str]) -> EtcdSecurity:
@@ -172,13 +180,17 @@ def test_a_whole_recovery_with_every_component_on_tls_and_per_job_users(secure: 
             nproc=2,
             strategies="recover-in-place,exit",
             command=[sys.executable, TLS_RANK, "b", "--steps", "600", "--step-time", "0.1"],
-            env=secure.user("a", "agent"),
+            env={**secure.user("a", "agent"), **secure.rank_identity("a")},
         )
         before = cluster.wait_running("a", 2, timeout=60)
         log = tmp_path / "logs-a-node0" / "rank1.log"
-        cluster.wait_for("the rank's own TLS check", lambda: "other job:" in log.read_text(), timeout=30)
+        cluster.wait_for("the rank's own TLS check", lambda: "write command:" in log.read_text(), timeout=30)
         text = log.read_text()
         assert "own job: ok" in text and "other job: denied" in text, text
+        # The rank acts as job a's client user, never as its agent: the job's spec (its policy),
+        # the run's status and recovery and its node's command are out of its reach.
+        for record in ("spec", "status", "recovery", "command"):
+            assert f"write {record}: denied" in text and "recoverd-client-a" in text, (record, text)
         os.kill(before[1].pid, signal.SIGKILL)
         after = cluster.wait_for(
             "rank 1 restarted in place",
@@ -222,6 +234,164 @@ def test_job_as_credentials_cannot_touch_job_b(secure: Secure) -> None:
         ], "job b untouched"
 
     asyncio.run(go())
+
+
+def test_the_client_role_writes_only_its_jobs_inbox_events_and_rendezvous(secure: Secure) -> None:
+    """Job c's client user (what its ranks and a gateway serving it act as) may register, report
+    faults and answer (the run's inbox), record events and use the rendezvous store; it may not
+    write the job's spec (its policy) nor any record the coordinator or the agents keep: a forged
+    status once ended a job."""
+    root = secure.security(secure.certs("root"))
+    run = RunRef("c", "c-run")
+    spec = pb.JobSpec(name="c", uid=run.uid, world_size=1, nnodes=1, nproc_per_node=1)
+    kept = {
+        "spec": KEYS.job_spec("c"),
+        "status": KEYS.status(run),
+        "recovery": KEYS.recovery(run),
+        "history": KEYS.history(run),
+        "command": KEYS.command(run, "n0"),
+        "ack": KEYS.ack(run, "n0"),
+        "node": KEYS.node(run, "n0"),
+        "ranks": KEYS.ranks(run, "n0"),
+        "decision": KEYS.decision(run, 1),
+        "signal": KEYS.signal(run, 1),
+        "drill": KEYS.drill(run, "n0"),
+    }
+    inbox = {
+        "client": KEYS.client(run, "c1"),
+        "fault": KEYS.fault(run, "c1.r0.t1"),
+        "report": KEYS.report(run, "client.c1", "stop_complete"),
+        "event": KEYS.event(run, "000001-c1-1-0000000001"),
+        "rendezvous": f"{KEYS.rendezvous_prefix(run)}x",
+    }
+
+    async def go() -> None:
+        try:
+            async with Store(secure.url, security=root) as store:
+                await store.put(KEYS.job_spec("c"), encode(spec))
+                await store.put(KEYS.status(run), encode(pb.JobStatus(state=pb.JOB_RUNNING)))
+                before = await store.get_prefix(KEYS.job_prefix("c"))
+            async with Store(secure.url, security=secure.security(secure.user("c", "client"))) as store:
+                assert (await store.get(KEYS.status(run))) is not None  # it reads the whole job
+                for what, key in kept.items():
+                    for attempt in (store.put(key, b"forged"), store.delete_prefix(key)):
+                        with pytest.raises(PermissionDenied, match="recoverd-client-c"):
+                            await attempt
+                        assert what  # (named in the traceback when it was allowed)
+                for key in inbox.values():
+                    await store.put(key, b"{}")
+                    await store.delete_prefix(key)
+            async with Store(secure.url, security=root) as store:
+                after = await store.get_prefix(KEYS.job_prefix("c"))
+            assert [(kv.key, kv.value) for kv in after.kvs] == [(kv.key, kv.value) for kv in before.kvs]
+        finally:
+            async with Store(secure.url, security=root) as store:
+                await store.delete_prefix(KEYS.job_prefix("c"))
+                await store.delete_prefix(KEYS.job_events_prefix("c"))
+                await store.delete_prefix(KEYS.job_rendezvous_prefix("c"))
+
+    asyncio.run(go())
+
+
+def test_a_gateway_as_a_jobs_client_user_serves_that_job_and_cannot_reach_another(
+    secure: Secure, tmp_path: Path
+) -> None:
+    """The gateway needs no more than the client role of the jobs it serves (docs/security.md,
+    "The gateway"): as job c's client user it carries out every call on job c, and etcd refuses
+    it job b even for a caller that its (here: absent, local trust) auth file would let through."""
+    import socket
+
+    from .test_gateway import PROTO, UpstreamClient, _calls
+
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO.parent}", f"--python_out={stubs}",
+         f"--grpc_python_out={stubs}", str(PROTO)],
+        check=True,
+    )  # fmt: skip
+    root = secure.security(secure.certs("root"))
+    spec = pb.JobSpec(name="c", uid="c-gw", world_size=2, nnodes=1, nproc_per_node=2,
+                      policy=pb.Policy(strategies=["recover-in-place", "exit"]))  # fmt: skip
+    cluster = Cluster(secure.url, PREFIX, tmp_path, security=root)
+    clients: list[UpstreamClient] = []
+    try:
+        cluster.put(KEYS.job_spec("c"), encode(spec))
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        gateway = cluster.spawn(
+            "gateway",
+            [
+                "gateway",
+                "--etcd",
+                secure.url,
+                "--prefix",
+                PREFIX,
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--keepalive-interval",
+                "0.5",
+            ],
+            env=secure.user("c", "client"),
+        )
+        cluster.wait_for("the gateway to listen", lambda: "listening on" in Path(gateway.log_path).read_text(),  # type: ignore[attr-defined]
+                         timeout=30)  # fmt: skip
+        for job in ("c", "b"):
+            clients.append(UpstreamClient(str(stubs), port, job, ("--calls",), tmp_path / f"client-{job}.log"))
+        own, other = (_calls(c) for c in clients)
+        assert own["Init"] == "OK:0" and own["Register"] == "OK:0" and own["ReportProcessFault"] == "OK:0", own
+        assert own["SubscribeProcessManageSignal"] == "OK:keep-alive", own
+        assert other["Init"] == "OK:599" and other["Register"] == "OK:408", other  # etcd refused the read
+        refused = next(c for c in clients[1].events("call") if c["name"] == "Init")
+        assert "permission denied" in refused["info"] and "recoverd-client-c" in refused["info"], refused
+        assert cluster.view("c").clients and cluster.view("c").faults
+    finally:
+        for client in clients:
+            client.close()
+        cluster.close()
+
+        async def clean() -> None:
+            async with Store(secure.url, security=root) as store:
+                for prefix in (KEYS.job_prefix("c"), KEYS.job_events_prefix("c"), KEYS.job_rendezvous_prefix("c")):
+                    await store.delete_prefix(prefix)
+
+        asyncio.run(clean())
+
+
+def test_auth_setup_as_root_works_before_authentication_is_on(tmp_path: Path) -> None:
+    """The documented order: a root user with a password, then `recoverctl auth setup --enable`
+    as root. etcd refuses to authenticate anyone while its authentication is off; recoverd then
+    connects without a token (every call is allowed) instead of failing as "etcd unavailable"."""
+    with EmbeddedEtcd(for_tests=True) as etcd:
+        etcdctl = find_etcdctl_binary(etcd.binary)
+        assert etcdctl
+        base = [etcdctl, "--endpoints", etcd.url]
+        add = [*base, "user", "add", "root", "--interactive=false"]
+        subprocess.run(add, input=b"root-pw\n", check=True, capture_output=True, timeout=30)
+        subprocess.run([*base, "user", "grant-role", "root", "root"], check=True, capture_output=True, timeout=30)
+        password = tmp_path / "root.pw"
+        password.write_text("root-pw\n")
+        password.chmod(0o600)
+        root = {"RECOVERD_ETCD_USER": "root", "RECOVERD_ETCD_PASSWORD_FILE": str(password)}
+        done = _ctl(root, "auth", "setup", "--job", "x", "--enable", url=etcd.endpoint)
+        assert done.returncode == 0, done.stderr
+        assert "etcdctl role add recoverd-client-x" in done.stdout and "etcdctl auth enable" in done.stdout
+        assert "readable" not in done.stderr  # a 0600 password file: no warning
+
+        async def status() -> tuple[bool, set[str]]:
+            async with Store(etcd.endpoint, security=EtcdSecurity(user="root", password_file=str(password))) as s:
+                state = await etcd_admin.read_state(s)
+            return state.enabled, set(state.roles)
+
+        enabled, roles = asyncio.run(status())
+        assert enabled and {"recoverd-agent-x", "recoverd-client-x", "recoverd-control"} <= roles
+        again = _ctl(root, "auth", "setup", "--job", "x", "--enable", url=etcd.endpoint)  # now with a token
+        assert again.returncode == 0 and "nothing to change" in again.stdout, again.stderr
+        password.chmod(0o644)
+        loose = _ctl(root, "auth", "setup", "--job", "x", url=etcd.endpoint)
+        assert loose.returncode == 0, loose.stderr
+        assert f"etcd password file {password} can be read by every user" in loose.stderr, loose.stderr
 
 
 def test_an_agent_of_job_a_started_for_job_b_is_refused_and_b_is_untouched(secure: Secure, tmp_path: Path) -> None:

@@ -1,8 +1,11 @@
 """A rank for the TLS tests: connects to etcd with only what its agent put in its environment
-(paths, no secret), reads its own job's record, tries another job's, then works like
-examples/worker.py.
+(paths, no secret), reads its own job's record, tries another job's, tries to write its own job's
+records that only the coordinator and the agents may write, then works like examples/worker.py.
 
-Prints ``own job: ok`` and ``other job: denied (...)`` (or what happened instead).
+Prints ``own job: ok``, ``other job: denied (...)`` and ``write <record>: denied (...)`` for the
+job's spec (its policy is in it), the run's status, recovery and this node's command (or what
+happened instead). A write that is allowed puts back the value read (or deletes an absent key),
+so even a failing test changes nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import runpy
 import sys
 
 from recoverd.errors import PermissionDenied
-from recoverd.keys import Keyspace
+from recoverd.keys import Keyspace, RunRef
 from recoverd.store import Store
 
 
@@ -28,6 +31,23 @@ async def check(other_job: str) -> None:
             print("other job: READ ALLOWED", flush=True)
         except PermissionDenied as err:
             print(f"other job: denied ({err})", flush=True)
+        run = RunRef(os.environ["RECOVERD_JOB"], os.environ["RECOVERD_RUN"])
+        records = {
+            "spec": keys.job_spec(run.job),
+            "status": keys.status(run),
+            "recovery": keys.recovery(run),
+            "command": keys.command(run, os.environ["RECOVERD_NODE"]),
+        }
+        for name, key in records.items():
+            try:
+                kv = await store.get(key)
+                if kv is not None:
+                    await store.put(key, kv.value)
+                else:
+                    await store.delete_prefix(key)
+                print(f"write {name}: ALLOWED", flush=True)
+            except PermissionDenied as err:
+                print(f"write {name}: denied ({err})", flush=True)
 
 
 if __name__ == "__main__":

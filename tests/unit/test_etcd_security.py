@@ -170,3 +170,53 @@ def test_the_embedded_etcd_refuses_tls_flags_it_cannot_use(pem: str) -> None:
     )
     assert done.returncode == 2
     assert "is for an etcd given with --etcd" in done.stderr
+
+
+def test_a_password_file_others_can_read_is_warned_about_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "agent.pw"
+    path.write_text("secret\n")
+    path.chmod(0o600)
+    with caplog.at_level("WARNING", logger="recoverd.etcd_security"):
+        assert EtcdSecurity(user="u", password_file=str(path)).read_password() == "secret"
+    assert not caplog.records
+    path.chmod(0o644)
+    with caplog.at_level("WARNING", logger="recoverd.etcd_security"):
+        EtcdSecurity(user="u", password_file=str(path)).read_password()
+        EtcdSecurity(user="u", password_file=str(path)).read_password()
+    assert len(caplog.records) == 1, caplog.records
+    text = caplog.records[0].getMessage()
+    assert f"{path} can be read by every user (mode 644)" in text and "chmod 600" in text and "secret" not in text
+
+
+def test_ranks_get_the_client_identity_given_and_never_the_agents_user(tmp_path: Path, pem: str) -> None:
+    pw = tmp_path / "pw"
+    pw.write_text("x\n")
+    pw.chmod(0o600)
+    agent = EtcdSecurity(cacert=pem, cert=pem, key=pem, user="recoverd-agent-j", password_file=str(pw))
+    bare = etcd_security.for_ranks(agent)
+    assert (bare.cacert, bare.cert, bare.key, bare.user, bare.password_file) == (pem, pem, pem, None, None)
+    client = etcd_security.for_ranks(agent, user="recoverd-client-j", password_file=str(pw))
+    env = client.rank_env()
+    assert env["RECOVERD_ETCD_USER"] == "recoverd-client-j" and env["RECOVERD_ETCD_PASSWORD_FILE"] == str(pw)
+    with pytest.raises(ConfigError, match="go together"):
+        etcd_security.for_ranks(agent, cert=pem)
+
+
+def test_every_service_has_metrics_host_defaulting_to_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    from recoverd.cli.parser import CONFIGURABLE, build_parser, subcommands
+    from recoverd.metrics import Health, MetricsServer
+
+    monkeypatch.delenv("RECOVERD_METRICS_HOST", raising=False)
+    commands = subcommands(build_parser())
+    for name in CONFIGURABLE:
+        hosts = [a.default for a in commands[name]._actions if "--metrics-host" in a.option_strings]
+        assert hosts == ["127.0.0.1"], name
+
+    async def revision() -> int:
+        return 1
+
+    server = MetricsServer(0, Health(revision))
+    try:
+        assert server._httpd.server_address[0] == "127.0.0.1"
+    finally:
+        server._httpd.server_close()

@@ -13,6 +13,7 @@ from recoverd.keys import DEFAULT_PREFIX, KeyKind, Keyspace, RunRef, check_id
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = Keyspace()
 RUN = RunRef("job-a", "20261129-abcd")
+INBOX = {KeyKind.CLIENT, KeyKind.FAULT, KeyKind.REPORT}
 
 
 @pytest.mark.parametrize(
@@ -35,7 +36,7 @@ def test_every_run_key_parses_back(key: str, kind: KeyKind, name: str, sub: str)
     ref = KEYS.parse(key)
     assert (ref.kind, ref.job, ref.uid, ref.name, ref.sub) == (kind, RUN.job, RUN.uid, name, sub)
     assert KEYS.job_of(key) == RUN.job
-    assert key.startswith(KEYS.run_prefix(RUN))
+    assert key.startswith(KEYS.run_inbox_prefix(RUN) if kind in INBOX else KEYS.run_prefix(RUN))
 
 
 def test_global_and_job_keys_parse_back() -> None:
@@ -129,3 +130,18 @@ def test_no_module_but_keys_py_builds_key_strings() -> None:
         strings = _code_strings(path.read_text())
         offenders += [f"{path.relative_to(ROOT)}: {lit}" for lit in literals if any(lit in s for s in strings)]
     assert offenders == []
+
+
+def test_what_ranks_write_lives_in_the_runs_inbox_and_nowhere_else() -> None:
+    """One static key range per job (``jobs/<job>/inbox/``) holds what a rank may write, so etcd's
+    per-job client role can grant it without granting the coordinator's records (docs/security.md)."""
+    inbox = KEYS.inbox_prefix(RUN.job)
+    for key in (KEYS.client(RUN, "c1"), KEYS.fault(RUN, "f1"), KEYS.report(RUN, "agent.n1", "strategies")):
+        assert key.startswith(KEYS.run_inbox_prefix(RUN)) and key.startswith(inbox)
+    for key in (KEYS.status(RUN), KEYS.recovery(RUN), KEYS.command(RUN, "n1"), KEYS.job_spec(RUN.job)):
+        assert not key.startswith(inbox)
+    moved = KEYS.client(RUN, "c1").replace("/inbox/", "/runs/")
+    with pytest.raises(BadRecord, match="live under inbox/"):
+        KEYS.parse(moved)
+    with pytest.raises(BadRecord, match="live under runs/"):
+        KEYS.parse(KEYS.status(RUN).replace("/runs/", "/inbox/"))

@@ -45,6 +45,7 @@ __all__ = [
     "from_args",
     "from_env",
     "ranks_from_args",
+    "read_bounded",
 ]
 
 log = logging.getLogger(__name__)
@@ -232,15 +233,22 @@ def _abs(path: str | None) -> str:
     return os.path.abspath(path) if path else ""
 
 
-def _read_pem(flag: str, path: str | None) -> bytes:
-    assert path
+def read_bounded(flag: str, path: str, limit: int, what: str = "") -> bytes:
+    """A configuration file's bytes, at most ``limit`` of them; ConfigError naming the flag, the
+    path and the problem (unreadable, too large: ``what`` says what a file that large is not)."""
     try:
         with open(path, "rb") as f:
-            data = f.read(MAX_PEM_BYTES + 1)
+            data = f.read(limit + 1)
     except OSError as err:
         raise ConfigError(f"{flag} {path}: cannot read it: {err.strerror}") from None
-    if len(data) > MAX_PEM_BYTES:
-        raise ConfigError(f"{flag} {path}: over {MAX_PEM_BYTES} bytes, not a PEM certificate or key")
+    if len(data) > limit:
+        raise ConfigError(f"{flag} {path}: over {limit} bytes" + (f", {what}" if what else ""))
+    return data
+
+
+def _read_pem(flag: str, path: str | None) -> bytes:
+    assert path
+    data = read_bounded(flag, path, MAX_PEM_BYTES, "not a PEM certificate or key")
     if b"-----BEGIN " not in data:
         raise ConfigError(f"{flag} {path}: not a PEM file (no '-----BEGIN' line)")
     return data

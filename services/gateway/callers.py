@@ -40,7 +40,7 @@ import grpc
 import yaml
 
 from recoverd.errors import BadRecord, ConfigError
-from recoverd.etcd_security import check_secret_file
+from recoverd.etcd_security import check_secret_file, read_bounded
 from recoverd.keys import check_id
 
 __all__ = [
@@ -170,13 +170,7 @@ def parse(data: Any, source: str = "the auth file") -> CallerTable:
 
 def load(path: str) -> CallerTable:
     check_secret_file(path, "gateway auth file")
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_FILE_BYTES + 1)
-    except OSError as err:
-        raise ConfigError(f"--auth-file {path}: cannot read it: {err.strerror}") from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise ConfigError(f"--auth-file {path}: over {MAX_FILE_BYTES} bytes")
+    raw = read_bounded("--auth-file", path, MAX_FILE_BYTES)
     try:
         data = yaml.safe_load(raw)
     except yaml.YAMLError as err:

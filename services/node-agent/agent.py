@@ -119,6 +119,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+#: The lines of a failed rank's output shown in the agent's log (the whole tail is in its fault record).
+LAST_LINES_SHOWN = 10
 
 
 def become_subreaper() -> bool:
@@ -250,6 +252,10 @@ class NodeAgent:
         self._reported.add(fid)
         if found.kind is not FaultKind.EXIT:  # an exit has its own line (_on_rank_exit)
             log.warning("rank %d %s fault: %s", slot.rank, found.kind.value, found.detail)
+        elif tail := found.stderr_tail.strip().splitlines()[-LAST_LINES_SHOWN:]:
+            # The script's own error where the operator is looking, not only in the rank's log.
+            where = f" ({slot.proc.log_path})" if slot.proc is not None and slot.proc.log_path else ""
+            log.warning("rank %d's last lines%s:\n%s", slot.rank, where, "\n".join(f"  | {line}" for line in tail))
         self.outbox.add_fault(
             pb.Fault(
                 fault_id=fid,

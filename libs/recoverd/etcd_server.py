@@ -680,7 +680,7 @@ class EmbeddedEtcdCluster:
     def __init__(self, size: int = 3, *, for_tests: bool = True, binary: str | None = None) -> None:
         if size < 1:
             raise ValueError(f"an etcd cluster needs at least one member, not {size}")
-        ports = set()
+        ports: set[int] = set()
         while len(ports) < 2 * size:
             ports.add(_free_port("127.0.0.1"))
         pairs = list(zip(sorted(ports)[:size], sorted(ports)[size:], strict=True))
@@ -732,12 +732,12 @@ class EmbeddedEtcdCluster:
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         deadline = time.monotonic() + timeout_s
         while True:
-            for i, member in enumerate(self.members):
+            for member in self.members:
                 status = _status(opener, member) if member.pid is not None else None
                 if status is None or not status.get("leader"):
                     continue
                 ids = {int(_status_id(s)): j for j, s in self._statuses(opener).items()}
-                index = ids.get(int(status["leader"]))
+                index = ids.get(int(str(status["leader"])))
                 if index is not None:
                     return index
             if time.monotonic() >= deadline:

@@ -86,16 +86,20 @@ def _start(c: Cluster) -> dict[int, pb.RankStatus]:
     return c.wait_running(JOB, 8, timeout=60)
 
 
-def _member_of(etcd: EmbeddedEtcdCluster, pid: int) -> int:
-    """The index of the member process ``pid`` is connected to (its one live etcd connection)."""
+def _members_of(etcd: EmbeddedEtcdCluster, pid: int) -> set[int]:
+    """The indexes of the members process ``pid`` has an etcd connection to."""
     ports = {m.client_port: i for i, m in enumerate(etcd.members)}
-    used = {
+    return {
         ports[conn.raddr.port]
         for conn in psutil.Process(pid).net_connections(kind="tcp")
         if conn.raddr and conn.raddr.port in ports and conn.status == psutil.CONN_ESTABLISHED
     }
-    assert len(used) == 1, f"process {pid} is connected to members {sorted(used)}"
-    return used.pop()
+
+
+def _member_of(c: Cluster, etcd: EmbeddedEtcdCluster, pid: int) -> int:
+    """The member process ``pid`` is connected to, once it has exactly one connection."""
+    used = c.wait_for(f"process {pid} on one member", lambda: (m := _members_of(etcd, pid)) and len(m) == 1 and m)
+    return next(iter(used))
 
 
 def _done(c: Cluster, min_id: int = 1) -> pb.Recovery | None:
@@ -125,8 +129,8 @@ def _expect_rank_recovered_alone(c: Cluster, before: dict[int, pb.RankStatus], r
 def _stall_then_kill(c: Cluster, etcd: EmbeddedEtcdCluster, stall_s: float) -> None:
     before = _start(c)
     agent = c.procs["agent-node-a"]
-    member = _member_of(etcd, agent.pid)
-    sharing = [n for n, p in c.procs.items() if n != "agent-node-a" and _member_of(etcd, p.pid) == member]
+    member = _member_of(c, etcd, agent.pid)
+    sharing = [n for n, p in c.procs.items() if n != "agent-node-a" and member in _members_of(etcd, p.pid)]
     rank = next(r for r, s in before.items() if s.node == "node-a")
     etcd.members[member].pause()
     paused_at = time.monotonic()
@@ -141,7 +145,9 @@ def _stall_then_kill(c: Cluster, etcd: EmbeddedEtcdCluster, stall_s: float) -> N
     # The member is back: nothing more happens (no late lease expiry, no second recovery).
     time.sleep(3)
     assert c.view(JOB).recovery.recovery_id == 1  # type: ignore[union-attr]
-    assert {r: s.pid for r, s in c.wait_running(JOB, 8).items() if r != rank} == {
+    ranks = c.ranks(JOB)
+    assert {r: pb.RankState.Name(s.state) for r, s in ranks.items()} == dict.fromkeys(range(8), "RANK_RUNNING")
+    assert {r: s.pid for r, s in ranks.items() if r != rank} == {
         r: s.pid for r, s in before.items() if r != rank
     }
 

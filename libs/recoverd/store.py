@@ -21,7 +21,8 @@ with "duplicate symbol") and adds what it lacks:
 * **endpoint failover**: a comma-separated endpoint list, started at a random member; a connection
   failure moves to the next. With more than one endpoint a watchdog asks the current member for its
   status every :data:`PROBE_INTERVAL_S` with a :data:`PROBE_TIMEOUT_S` deadline: a member that does
-  not answer (hung, SIGSTOPped, its disk stuck) or has no leader is left at once, and a leader change
+  not answer (hung, SIGSTOPped, its disk stuck) is left at once (and avoided for a while), one
+  without a leader for over :data:`LEADERLESS_S` (cut off from the quorum) too, and a leader change
   seen while calls are in flight fails those calls at once (a write forwarded to a dead leader is
   lost and would otherwise wait out ``op_timeout_s``), so callers retry on a healthy member within a
   second, not after the 5 s call timeout; watches move with the connection (docs/adr/0040).
@@ -78,10 +79,12 @@ from recoverd.etcd_versions import known_problem
 from recoverd.keys import printable
 
 __all__ = [
+    "AVOID_HUNG_S",
     "KEEPALIVE_FRACTION",
     "KEEPALIVE_IN_FLIGHT",
     "KEEPALIVE_RETRY_S",
     "KV",
+    "LEADERLESS_S",
     "MAX_REQUEST_BYTES",
     "MAX_TXN_OPS",
     "PROBE_INTERVAL_S",
@@ -132,6 +135,11 @@ PROBE_INTERVAL_S = 0.2
 #: PROBE_INTERVAL_S + PROBE_TIMEOUT_S (0.7 s), inside an agent lease's 1 s stall margin (ADR 0025).
 #: A healthy member answers in milliseconds; a slow answer on a loaded host costs one reconnect.
 PROBE_TIMEOUT_S = 0.5
+#: A member that reports no leader for longer than this is left: an election takes less (every
+#: member is leaderless then, so moving would not help); a member cut off from the quorum stays so.
+LEADERLESS_S = 1.0
+#: A member left because it did not answer is not chosen again for this long while another is there.
+AVOID_HUNG_S = 5.0
 
 
 def _raw(key: str) -> bytes:
@@ -424,6 +432,8 @@ class Store:
         # control plane behind one member (and one stall of it would stall them all).
         self._current = random.randrange(len(self.endpoints))
         self._watchdog_task: asyncio.Task[None] | None = None
+        #: Endpoint index -> monotonic time until which a failover passes it by (it did not answer).
+        self._avoid_until: dict[int, float] = {}
         #: Start times (monotonic) of the calls in flight, by call: a leader change retires the
         #: connection only when one may be waiting on a proposal the dead leader lost.
         self._in_flight: dict[object, float] = {}
@@ -571,7 +581,7 @@ class Store:
                 problem,
             )
 
-    async def _failover(self, failed: Any = None, *, at_once: bool = False) -> None:
+    async def _failover(self, failed: Any = None, *, at_once: bool = False, avoid: bool = False) -> None:
         """Drop the connection ``failed`` (the current one when None) and move to the next endpoint.
 
         Only the connection that failed is dropped: when several tasks saw it fail, the first one
@@ -580,7 +590,9 @@ class Store:
         it (grpc.aio raises CancelledError there, although nobody cancelled those tasks). With
         ``at_once`` (the watchdog found the member hung) it is closed now, on purpose: the calls in
         flight on it would only wait out their timeout, and a watch on a hung member never errors;
-        closed, each call raises EtcdUnavailable and each watch resumes on the next member.
+        closed, each call raises EtcdUnavailable and each watch resumes on the next member. With
+        ``avoid`` (it did not answer) the member is passed by for :data:`AVOID_HUNG_S` while another
+        one is there: a failover for any other reason must not land on it again at once.
         """
         client = self._client
         if client is None or (failed is not None and client is not failed):
@@ -589,7 +601,13 @@ class Store:
         self._client = None
         self._up.clear()
         if len(self.endpoints) > 1:
-            self._current = (self._current + 1) % len(self.endpoints)
+            if avoid:
+                self._avoid_until[self._current] = time.monotonic() + AVOID_HUNG_S
+            now = time.monotonic()
+            count = len(self.endpoints)
+            candidates = [(self._current + step) % count for step in range(1, count)]
+            fresh = [i for i in candidates if self._avoid_until.get(i, 0.0) <= now]
+            self._current = (fresh or candidates)[0]
         task = asyncio.get_running_loop().create_task(
             self._close_later(client, 0.0 if at_once else self.op_timeout_s), name="etcd-retire"
         )
@@ -605,7 +623,8 @@ class Store:
         by the member itself (no consensus, no permission), in milliseconds when it is healthy.
         Runs while the store is open, with more than one endpoint; never raises but cancellation.
         """
-        leader_seen: tuple[Any, int] | None = None  # (connection, leader id) at the last answer
+        leader_seen: tuple[Any, int] | None = None  # (connection, its last leader id other than 0)
+        leaderless_since: tuple[Any, float] | None = None  # (connection, when it first said "none")
         while True:
             await asyncio.sleep(self.probe_interval_s)
             client = self._client
@@ -622,18 +641,27 @@ class Store:
             except aetcd.rpc.AioRpcError as err:
                 if err.code() not in _UNAVAILABLE_CODES or is_stale_token(err.details() or ""):
                     continue  # not the member's health: the calls sort it out
+                hung = True
                 problem = f"did not answer a status probe within {self.probe_timeout_s:g}s ({err.code().name})"
             except _CONNECTION_ERRORS as err:  # asyncio.TimeoutError included
+                hung = True
                 problem = f"did not answer a status probe within {self.probe_timeout_s:g}s ({type(err).__name__})"
             except asyncio.CancelledError:
                 _propagate_cancellation()  # the store is closing
                 continue  # the connection was closed under the probe: a failover already happened
             else:
                 leader = int(status.leader)
-                previous, leader_seen = leader_seen, (client, leader)
+                hung = False
+                previous = leader_seen if leader_seen is not None and leader_seen[0] is client else None
+                if leader:
+                    leader_seen, leaderless_since = (client, leader), None
                 if leader == 0:
-                    problem = "has no leader"
-                elif previous is None or previous[0] is not client or previous[1] in (0, leader):
+                    if leaderless_since is None or leaderless_since[0] is not client:
+                        leaderless_since = (client, sent)
+                    if sent - leaderless_since[1] <= LEADERLESS_S:
+                        continue  # an election, most likely: every member is leaderless for it
+                    problem = f"has had no leader for over {LEADERLESS_S:g}s"
+                elif previous is None or previous[1] == leader:
                     continue
                 elif any(started < sent for started in self._in_flight.values()):
                     # A request a follower forwarded to the old leader is lost; etcd would answer it
@@ -646,7 +674,7 @@ class Store:
             dropped = self.endpoint
             self.stalls_detected += 1
             metrics.ETCD_ERRORS.labels("probe", "unavailable").inc()
-            await self._failover(client, at_once=True)
+            await self._failover(client, at_once=True, avoid=hung)
             log.warning("etcd member %s %s: leaving it for %s", dropped, problem, self.endpoint)
 
     async def wait_retry(self, delay_s: float) -> None:

@@ -89,6 +89,7 @@ __all__ = [
     "MAX_TXN_OPS",
     "PROBE_INTERVAL_S",
     "PROBE_TIMEOUT_S",
+    "RANK_PROBE_INTERVAL_S",
     "Absent",
     "Compare",
     "Delete",
@@ -135,6 +136,9 @@ PROBE_INTERVAL_S = 0.2
 #: PROBE_INTERVAL_S + PROBE_TIMEOUT_S (0.7 s), inside an agent lease's 1 s stall margin (ADR 0025).
 #: A healthy member answers in milliseconds; a slow answer on a loaded host costs one reconnect.
 PROBE_TIMEOUT_S = 0.5
+#: The probe interval of the stores in training ranks (the client library, the rendezvous store):
+#: thousands of them must not ask etcd 5 times a second each; a rank holds no node lease.
+RANK_PROBE_INTERVAL_S = 1.0
 #: A member that reports no leader for longer than this is left: an election takes less (every
 #: member is leaderless then, so moving would not help); a member cut off from the quorum stays so.
 LEADERLESS_S = 1.0

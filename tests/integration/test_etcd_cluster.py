@@ -23,10 +23,12 @@ from typing import TYPE_CHECKING, Any
 import psutil
 import pytest
 
+from recoverd.agent.outbox import Outbox
 from recoverd.errors import EtcdUnavailable
 from recoverd.etcd_server import EmbeddedEtcdCluster
-from recoverd.records import pb, ts_to_s
-from recoverd.store import Resync, Store
+from recoverd.keys import Keyspace, RunRef
+from recoverd.records import decode, pb, ts_to_s
+from recoverd.store import Resync, Store, TxnResult
 
 from .cluster import Cluster
 
@@ -246,3 +248,46 @@ async def test_a_failover_passes_a_hung_member_by() -> None:
         store._client = object()
         await store._failover()
         assert store._current in (0, 1, 2)  # every member avoided: the next one all the same
+
+
+async def test_an_old_rank_table_write_applied_late_changes_nothing(etcd_endpoint: str, key_prefix: str) -> None:
+    """A write abandoned on a hung member is applied when it resumes, after newer ones (the 5 s stall
+    test saw a restarted rank back at FAILED that way): the outbox's table write is fenced on its own
+    last write, so the old transaction, replayed after a newer flush, fails and changes nothing."""
+    keys = Keyspace(key_prefix)
+    table = pb.NodeRanks(node="n0", ranks=[pb.RankStatus(rank=0, state=pb.RANK_RUNNING, pid=1)])
+    sent: list[tuple[list[Any], list[Any]]] = []
+
+    async def on_fence_lost() -> None:
+        raise AssertionError("the fence is not lost here")
+
+    async with Store(etcd_endpoint) as store:
+        outbox = Outbox(store, keys, "n0", "agent.n0", lambda: table, lambda: [], on_fence_lost)
+        outbox.run = RunRef("job-late", "run1")
+        real_txn = store.txn
+
+        async def recording_txn(compares: Any, success: Any, failure: Any = ()) -> TxnResult:
+            sent.append((list(compares), list(success)))
+            return await real_txn(compares, success, failure)
+
+        store.txn = recording_txn  # type: ignore[method-assign]
+        await outbox.flush()  # RUNNING, pid 1
+        table.ranks[0].state = pb.RANK_FAILED
+        await outbox.flush()  # FAILED: the write a hung member holds back
+        late = sent[-1]
+        table.ranks[0].state, table.ranks[0].pid = pb.RANK_RUNNING, 2
+        await outbox.flush()  # RUNNING, pid 2: written through another member meanwhile
+        store.txn = real_txn  # type: ignore[method-assign]
+
+        assert not (await store.txn(*late)).succeeded, "the held-back write put an old table back"
+        kv = await store.get(keys.ranks(outbox.run, "n0"))
+        assert kv is not None
+        assert decode(pb.NodeRanks, kv.value).ranks[0].pid == 2
+
+        # Had the old write landed first, the next flush adopts the key's revision and writes again.
+        await store.put(keys.ranks(outbox.run, "n0"), b"{}")
+        table.ranks[0].pid = 3
+        outbox.mark_dirty()
+        await outbox.flush()
+        kv = await store.get(keys.ranks(outbox.run, "n0"))
+        assert kv is not None and decode(pb.NodeRanks, kv.value).ranks[0].pid == 3

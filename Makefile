@@ -89,11 +89,13 @@ bench-scale: $(STAMP)
 	$(PY) bench/scale.py $(SCALE_ARGS)
 
 ## Every chaos scenario, repeated (~15 min): control-plane kills, etcd restarts, mass rank kills,
-## bad input, agent restarts and partitions; writes tests/chaos/results/ (docs/reliability.md).
+## bad input, agent restarts and partitions; writes tests/chaos/results/ (docs/reliability.md); then
+## the 3-member etcd tests with 30 s member stalls (tests/integration/test_etcd_cluster.py, ~2 min).
 ## A subset runs in make test (tests/chaos/scenarios.py: MAKE_TEST_SUBSET). CHAOS_ARGS="--trials 3 -k etcd".
 CHAOS_ARGS ?=
 chaos: $(STAMP)
 	$(PY) -m tests.chaos.run $(CHAOS_ARGS)
+	RECOVERD_TEST_LONG_STALL=1 $(PY) -m pytest -q -n 0 -s tests/integration/test_etcd_cluster.py
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)

@@ -1,8 +1,9 @@
-"""An embedded, single-member etcd server: the default store for one host, for the demo and for tests.
+"""An embedded etcd server: the default store for one host, for the demo and for tests.
 
 recoverd needs an etcd; on one machine it should not need the user to run one. This module finds an
 etcd binary (:func:`find_etcd_binary`) and runs it as a child process on loopback ports with its own
-data directory (:class:`EmbeddedEtcd`).
+data directory (:class:`EmbeddedEtcd`). :class:`EmbeddedEtcdCluster` runs several such members as one
+cluster on loopback (tests of member stalls, leader elections and failover: docs/adr/0043).
 
 The embedded server always runs with a **space quota** (``--quota-backend-bytes``, 2 GiB by default)
 and **periodic auto-compaction** (``--auto-compaction-mode periodic``, 5 minutes of history by
@@ -29,6 +30,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -43,6 +45,7 @@ from recoverd.errors import ConfigError
 __all__ = [
     "ETCD_BIN_ENV",
     "EmbeddedEtcd",
+    "EmbeddedEtcdCluster",
     "EtcdBinary",
     "EtcdStartFailed",
     "ServerTLS",
@@ -322,8 +325,15 @@ class EmbeddedEtcd:
         ready_timeout_s: float = 10.0,
         tls: ServerTLS | None = None,
         extra_args: Sequence[str] = (),
+        name: str = "recoverd-embedded",
+        initial_cluster: str | None = None,
+        cluster_token: str | None = None,
     ) -> None:
         self.etcd_binary = choose_etcd_binary(binary)
+        #: The member's name, and the whole cluster's ``name=peer-url,...`` (None: this member alone).
+        self.name = name
+        self.initial_cluster = initial_cluster
+        self.cluster_token = cluster_token
         self.binary = self.etcd_binary.path
         self.host = host
         self.for_tests = for_tests
@@ -440,6 +450,20 @@ class EmbeddedEtcd:
         if self._state is _State.RUNNING:
             self._state = _State.DOWN
 
+    def pause(self) -> None:
+        """SIGSTOP the server: it keeps its sockets and answers nothing (a hung member, for tests)."""
+        if self._proc is not None:
+            self._signal(self._proc, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT a paused server."""
+        if self._proc is not None:
+            self._signal(self._proc, signal.SIGCONT)
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://{_url_host(self.host)}:{self._peer_port}"
+
     def stop(self, *, keep_data: bool = False) -> None:
         """SIGTERM, wait up to 5 s, SIGKILL, reap; then remove the data dir if we created it.
 
@@ -449,6 +473,7 @@ class EmbeddedEtcd:
         """
         proc = self._proc
         if proc is not None:
+            self._signal(proc, signal.SIGCONT)  # a paused server cannot act on SIGTERM
             self._signal(proc, signal.SIGTERM)
             try:
                 proc.wait(timeout=_STOP_GRACE_S)
@@ -524,7 +549,8 @@ class EmbeddedEtcd:
         host = _url_host(self.host)
         client = f"{'https' if self.tls else 'http'}://{host}:{self._client_port}"
         peer = f"http://{host}:{self._peer_port}"
-        name = "recoverd-embedded"
+        name = self.name
+        token = self.cluster_token or f"recoverd-{os.getpid()}-{self._client_port}"
         argv = [
             self.binary,
             "--name", name,
@@ -533,9 +559,9 @@ class EmbeddedEtcd:
             "--advertise-client-urls", client,
             "--listen-peer-urls", peer,
             "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"{name}={peer}",
+            "--initial-cluster", self.initial_cluster or f"{name}={peer}",
             "--initial-cluster-state", "new",
-            "--initial-cluster-token", f"recoverd-{os.getpid()}-{self._client_port}",
+            "--initial-cluster-token", token,
             "--quota-backend-bytes", str(self.quota_backend_bytes),
             "--auto-compaction-mode", "periodic",
             "--auto-compaction-retention", self.auto_compaction_retention,
@@ -640,6 +666,116 @@ class EmbeddedEtcd:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             proc.wait()
+
+
+class EmbeddedEtcdCluster:
+    """Several :class:`EmbeddedEtcd` members forming one cluster on loopback ports.
+
+    For tests of what a real deployment's 3-member etcd does: a member that hangs
+    (:meth:`EmbeddedEtcd.pause`), a leader that dies and is replaced by an election. ``endpoints`` is
+    the comma-separated list :class:`recoverd.store.Store` and ``--etcd`` take. The members start
+    together (each reports healthy only once a quorum has elected a leader).
+    """
+
+    def __init__(self, size: int = 3, *, for_tests: bool = True, binary: str | None = None) -> None:
+        if size < 1:
+            raise ValueError(f"an etcd cluster needs at least one member, not {size}")
+        ports: set[int] = set()
+        while len(ports) < 2 * size:
+            ports.add(_free_port("127.0.0.1"))
+        pairs = list(zip(sorted(ports)[:size], sorted(ports)[size:], strict=True))
+        names = [f"recoverd-{i}" for i in range(size)]
+        initial = ",".join(f"{n}=http://127.0.0.1:{peer}" for n, (_, peer) in zip(names, pairs, strict=True))
+        token = f"recoverd-cluster-{os.getpid()}-{pairs[0][0]}"
+        self.members = [
+            EmbeddedEtcd(
+                binary,
+                client_port=client,
+                peer_port=peer,
+                for_tests=for_tests,
+                name=name,
+                initial_cluster=initial,
+                cluster_token=token,
+                ready_timeout_s=20.0,
+            )
+            for name, (client, peer) in zip(names, pairs, strict=True)
+        ]
+
+    @property
+    def endpoints(self) -> str:
+        return ",".join(m.endpoint for m in self.members)
+
+    def start(self) -> None:
+        errors: list[BaseException] = []
+
+        def start(member: EmbeddedEtcd) -> None:
+            try:
+                member.start()
+            except BaseException as err:  # reported below, after every thread ended
+                errors.append(err)
+
+        threads = [threading.Thread(target=start, args=(m,), daemon=True) for m in self.members]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            self.stop()
+            raise errors[0]
+
+    def stop(self) -> None:
+        for member in self.members:
+            member.stop()
+
+    def leader(self, timeout_s: float = 10.0) -> int:
+        """The index of the member that leads now, as the running members agree (waits for one)."""
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for member in self.members:
+                status = _status(opener, member) if member.pid is not None else None
+                if status is None or not status.get("leader"):
+                    continue
+                ids = {int(_status_id(s)): j for j, s in self._statuses(opener).items()}
+                index = ids.get(int(str(status["leader"])))
+                if index is not None:
+                    return index
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"no etcd leader within {timeout_s}s")
+            time.sleep(_POLL_S)
+
+    def _statuses(self, opener: urllib.request.OpenerDirector) -> dict[int, dict[str, object]]:
+        found = {}
+        for i, member in enumerate(self.members):
+            status = _status(opener, member) if member.pid is not None else None
+            if status is not None:
+                found[i] = status
+        return found
+
+    def __enter__(self) -> EmbeddedEtcdCluster:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def _status_id(status: dict[str, object]) -> int:
+    header = status.get("header")
+    return int(header.get("member_id", 0)) if isinstance(header, dict) else 0  # type: ignore[arg-type]
+
+
+def _status(opener: urllib.request.OpenerDirector, member: EmbeddedEtcd) -> dict[str, object] | None:
+    """A member's Status through etcd's JSON gateway (``leader`` and ``header.member_id``), or None."""
+    request = urllib.request.Request(f"{member.url}/v3/maintenance/status", data=b"{}", method="POST")
+    try:
+        with opener.open(request, timeout=0.5) as response:
+            body = json.loads(response.read() or b"{}")
+    except (OSError, ValueError, urllib.error.URLError):
+        return None
+    return body if isinstance(body, dict) else None
 
 
 def _is_healthy(opener: urllib.request.OpenerDirector, url: str) -> bool:

@@ -18,7 +18,14 @@ with "duplicate symbol") and adds what it lacks:
 * **typed transactions**: compares and operations are our own small dataclasses, so callers state
   fences (``ValueIs(leader_key, me)``, ``ModRevisionAtMost(run_prefix, read_rev)``) without the
   client's types;
-* **endpoint failover**: a comma-separated endpoint list; a connection failure moves to the next.
+* **endpoint failover**: a comma-separated endpoint list, started at a random member; a connection
+  failure moves to the next. With more than one endpoint a watchdog asks the current member for its
+  status every :data:`PROBE_INTERVAL_S` with a :data:`PROBE_TIMEOUT_S` deadline: a member that does
+  not answer (hung, SIGSTOPped, its disk stuck) is left at once (and avoided for a while), one
+  without a leader for over :data:`LEADERLESS_S` (cut off from the quorum) too, and a leader change
+  seen while calls are in flight fails those calls at once (a write forwarded to a dead leader is
+  lost and would otherwise wait out ``op_timeout_s``), so callers retry on a healthy member within a
+  second, not after the 5 s call timeout; watches move with the connection (docs/adr/0043).
 
 Every call has a timeout (``op_timeout_s``); a connection problem raises :class:`EtcdUnavailable`.
 
@@ -44,6 +51,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import random
 import time
 from asyncio import FIRST_COMPLETED
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -71,12 +79,17 @@ from recoverd.etcd_versions import known_problem
 from recoverd.keys import printable
 
 __all__ = [
+    "AVOID_HUNG_S",
     "KEEPALIVE_FRACTION",
     "KEEPALIVE_IN_FLIGHT",
     "KEEPALIVE_RETRY_S",
     "KV",
+    "LEADERLESS_S",
     "MAX_REQUEST_BYTES",
     "MAX_TXN_OPS",
+    "PROBE_INTERVAL_S",
+    "PROBE_TIMEOUT_S",
+    "RANK_PROBE_INTERVAL_S",
     "Absent",
     "Compare",
     "Delete",
@@ -117,6 +130,20 @@ KEEPALIVE_IN_FLIGHT = 3
 _COMPACTED_RETRIES = 3
 #: How long re-creating a lost watch may take before it is tried again (see ``watch_prefix``).
 WATCH_RECREATE_S = 1.0
+#: How often the watchdog asks the current member for its status (only with several endpoints).
+PROBE_INTERVAL_S = 0.2
+#: How long a member may take to answer the watchdog before it is left: a stall is noticed within
+#: PROBE_INTERVAL_S + PROBE_TIMEOUT_S (0.7 s), inside an agent lease's 1 s stall margin (ADR 0025).
+#: A healthy member answers in milliseconds; a slow answer on a loaded host costs one reconnect.
+PROBE_TIMEOUT_S = 0.5
+#: The probe interval of the stores in training ranks (the client library, the rendezvous store):
+#: thousands of them must not ask etcd 5 times a second each; a rank holds no node lease.
+RANK_PROBE_INTERVAL_S = 1.0
+#: A member that reports no leader for longer than this is left: an election takes less (every
+#: member is leaderless then, so moving would not help); a member cut off from the quorum stays so.
+LEADERLESS_S = 1.0
+#: A member left because it did not answer is not chosen again for this long while another is there.
+AVOID_HUNG_S = 5.0
 
 
 def _raw(key: str) -> bytes:
@@ -337,6 +364,8 @@ def _timed(op: str | None = None) -> Callable[[Callable[..., Awaitable[T]]], Cal
         async def timed(self: Any, *args: Any, **kwargs: Any) -> T:
             name = op or str(args[0])
             started = time.perf_counter()
+            token = object()
+            self._in_flight[token] = time.monotonic()
             try:
                 result = await method(self, *args, **kwargs)
                 self._up.set()
@@ -351,6 +380,7 @@ def _timed(op: str | None = None) -> Callable[[Callable[..., Awaitable[T]]], Cal
                 metrics.ETCD_ERRORS.labels(name, "refused").inc()
                 raise
             finally:
+                del self._in_flight[token]
                 metrics.ETCD_SECONDS.labels(name).observe(time.perf_counter() - started)
 
         return timed
@@ -380,6 +410,8 @@ class Store:
         watch_retry_max_s: float = 1.0,
         security: EtcdSecurity | None = None,
         warn_version: bool = True,
+        probe_interval_s: float = PROBE_INTERVAL_S,
+        probe_timeout_s: float = PROBE_TIMEOUT_S,
     ) -> None:
         self.endpoints = parse_endpoints(endpoints)
         #: Warn when the server runs a release with a known data-loss bug; off for the throwaway
@@ -402,7 +434,20 @@ class Store:
         self.op_timeout_s = op_timeout_s
         self.watch_retry_s = watch_retry_s
         self.watch_retry_max_s = watch_retry_max_s
-        self._current = 0
+        self.probe_interval_s = probe_interval_s
+        self.probe_timeout_s = probe_timeout_s
+        # A random member first: every service starting on the first one would put the whole
+        # control plane behind one member (and one stall of it would stall them all).
+        self._current = random.randrange(len(self.endpoints))
+        self._watchdog_task: asyncio.Task[None] | None = None
+        #: Endpoint index -> monotonic time until which a failover passes it by (it did not answer).
+        self._avoid_until: dict[int, float] = {}
+        #: Start times (monotonic) of the calls in flight, by call: a leader change retires the
+        #: connection only when one may be waiting on a proposal the dead leader lost.
+        self._in_flight: dict[object, float] = {}
+        #: Members left by the watchdog (stalled, leaderless, leader changed under calls): for tests,
+        #: logs and benches.
+        self.stalls_detected = 0
         self.page_keys = PAGE_KEYS
         #: The server release of the current connection ("" until read).
         self.server_version = ""
@@ -429,6 +474,9 @@ class Store:
         if self._state is not _State.UNOPENED:
             raise RuntimeError(f"Store cannot be entered twice (state: {self._state.value})")
         self._state = _State.OPEN
+        if len(self.endpoints) > 1 and self.probe_interval_s > 0:
+            # With one endpoint there is nowhere to go: a hung etcd is waited out as before.
+            self._watchdog_task = asyncio.create_task(self._watchdog(), name="etcd-watchdog")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -438,6 +486,11 @@ class Store:
         """Close the connection; idempotent."""
         self._state = _State.CLOSED
         self._stop_version_check()
+        watchdog, self._watchdog_task = self._watchdog_task, None
+        if watchdog is not None:
+            watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watchdog
         for task in list(self._retiring):
             task.cancel()  # closes its client at once (its finally)
         if self._retiring:
@@ -538,13 +591,18 @@ class Store:
                 problem,
             )
 
-    async def _failover(self, failed: Any = None) -> None:
+    async def _failover(self, failed: Any = None, *, at_once: bool = False, avoid: bool = False) -> None:
         """Drop the connection ``failed`` (the current one when None) and move to the next endpoint.
 
         Only the connection that failed is dropped: when several tasks saw it fail, the first one
         replaces it and the others find a new one already there. The dropped client is closed only
         after ``op_timeout_s``: closing it at once would cancel every other task's call in flight on
-        it (grpc.aio raises CancelledError there, although nobody cancelled those tasks).
+        it (grpc.aio raises CancelledError there, although nobody cancelled those tasks). With
+        ``at_once`` (the watchdog found the member hung) it is closed now, on purpose: the calls in
+        flight on it would only wait out their timeout, and a watch on a hung member never errors;
+        closed, each call raises EtcdUnavailable and each watch resumes on the next member. With
+        ``avoid`` (it did not answer) the member is passed by for :data:`AVOID_HUNG_S` while another
+        one is there: a failover for any other reason must not land on it again at once.
         """
         client = self._client
         if client is None or (failed is not None and client is not failed):
@@ -553,10 +611,81 @@ class Store:
         self._client = None
         self._up.clear()
         if len(self.endpoints) > 1:
-            self._current = (self._current + 1) % len(self.endpoints)
-        task = asyncio.get_running_loop().create_task(self._close_later(client), name="etcd-retire")
+            if avoid:
+                self._avoid_until[self._current] = time.monotonic() + AVOID_HUNG_S
+            now = time.monotonic()
+            count = len(self.endpoints)
+            candidates = [(self._current + step) % count for step in range(1, count)]
+            fresh = [i for i in candidates if self._avoid_until.get(i, 0.0) <= now]
+            self._current = (fresh or candidates)[0]
+        task = asyncio.get_running_loop().create_task(
+            self._close_later(client, 0.0 if at_once else self.op_timeout_s), name="etcd-retire"
+        )
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
+
+    async def _watchdog(self) -> None:
+        """Leave a member that stalls, has no leader, or changed leader under calls in flight.
+
+        Why a probe: a hung member (SIGSTOPped, a stuck disk, a half-open connection) accepts
+        connections and requests and answers nothing, so a call fails only at ``op_timeout_s`` and a
+        watch never fails at all: every task of the process would wait on it. etcd's Status is served
+        by the member itself (no consensus, no permission), in milliseconds when it is healthy.
+        Runs while the store is open, with more than one endpoint; never raises but cancellation.
+        """
+        leader_seen: tuple[Any, int] | None = None  # (connection, its last leader id other than 0)
+        leaderless_since: tuple[Any, float] | None = None  # (connection, when it first said "none")
+        while True:
+            await asyncio.sleep(self.probe_interval_s)
+            client = self._client
+            if client is None:  # nobody connected since the last failover: nothing to judge
+                continue
+            sent = time.monotonic()
+            try:
+                status = await _bounded(
+                    client.maintenancestub.Status(
+                        aetcd.rpc.StatusRequest(), timeout=self.probe_timeout_s, metadata=client.metadata
+                    ),
+                    limit_s=self.probe_timeout_s,
+                )
+            except aetcd.rpc.AioRpcError as err:
+                if err.code() not in _UNAVAILABLE_CODES or is_stale_token(err.details() or ""):
+                    continue  # not the member's health: the calls sort it out
+                hung = True
+                problem = f"did not answer a status probe within {self.probe_timeout_s:g}s ({err.code().name})"
+            except _CONNECTION_ERRORS as err:  # asyncio.TimeoutError included
+                hung = True
+                problem = f"did not answer a status probe within {self.probe_timeout_s:g}s ({type(err).__name__})"
+            except asyncio.CancelledError:
+                _propagate_cancellation()  # the store is closing
+                continue  # the connection was closed under the probe: a failover already happened
+            else:
+                leader = int(status.leader)
+                hung = False
+                previous = leader_seen if leader_seen is not None and leader_seen[0] is client else None
+                if leader:
+                    leader_seen, leaderless_since = (client, leader), None
+                if leader == 0:
+                    if leaderless_since is None or leaderless_since[0] is not client:
+                        leaderless_since = (client, sent)
+                    if sent - leaderless_since[1] <= LEADERLESS_S:
+                        continue  # an election, most likely: every member is leaderless for it
+                    problem = f"has had no leader for over {LEADERLESS_S:g}s"
+                elif previous is None or previous[1] == leader:
+                    continue
+                elif any(started < sent for started in self._in_flight.values()):
+                    # A request a follower forwarded to the old leader is lost; etcd would answer it
+                    # only at its own request timeout. Failed now, its caller retries at once.
+                    problem = f"changed leader ({previous[1]:x} -> {leader:x}) with calls in flight"
+                else:
+                    continue
+            if self._client is not client:
+                continue
+            dropped = self.endpoint
+            self.stalls_detected += 1
+            metrics.ETCD_ERRORS.labels("probe", "unavailable").inc()
+            await self._failover(client, at_once=True, avoid=hung)
+            log.warning("etcd member %s %s: leaving it for %s", dropped, problem, self.endpoint)
 
     async def wait_retry(self, delay_s: float) -> None:
         """Wait before retrying after a failure: ``delay_s``, or less, until a call of this store
@@ -565,9 +694,9 @@ class Store:
             async with asyncio.timeout(delay_s):
                 await self._up.wait()
 
-    async def _close_later(self, client: Any) -> None:
+    async def _close_later(self, client: Any, delay_s: float) -> None:
         try:
-            await asyncio.sleep(self.op_timeout_s)
+            await asyncio.sleep(delay_s)
         finally:
             with contextlib.suppress(Exception):
                 await _bounded(client.close(), limit_s=1.0)

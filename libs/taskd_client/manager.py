@@ -35,7 +35,7 @@ from recoverd.errors import ConfigError, RecoverdError
 from recoverd.keys import DEFAULT_PREFIX, Keyspace
 from recoverd.mindcluster import recover_pb2 as pb
 from recoverd.records import pb as records
-from recoverd.store import Store, parse_endpoints
+from recoverd.store import RANK_PROBE_INTERVAL_S, Store, parse_endpoints
 from taskd_client.loop_thread import LoopThread
 from taskd_client.session import ClientSession, Outcome
 from taskd_client.signals import KILL_MASTER, Delivery, plan, to_wire
@@ -137,7 +137,9 @@ class DLRecoverManager(RecoverManager):
         self.subscribed = threading.Event()
         self._loop = LoopThread(name=f"recoverd-client-{info.jobId}")
         # TLS and credentials from RECOVERD_ETCD_* (the agent sets them for its ranks; docs/security.md).
-        self._store = Store(server_addr.strip(), op_timeout_s=min(call_timeout_s, 5.0))
+        self._store = Store(
+            server_addr.strip(), op_timeout_s=min(call_timeout_s, 5.0), probe_interval_s=RANK_PROBE_INTERVAL_S
+        )
         self._session = ClientSession(self._store, self._keys, info.jobId, role=info.role, lease_ttl_s=ttl)
 
     # ---------------------------------------------------------------- plumbing

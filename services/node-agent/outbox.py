@@ -5,7 +5,10 @@ task; while etcd is away they stay queued and are retried with backoff, so a fau
 an etcd outage is reported when etcd returns, never lost. A write is split into transactions that
 respect etcd's 128-operation limit (70 ranks failing at once is 140 writes), rank table first.
 Every transaction is fenced on this agent's registration (membership.fence()): an agent whose
-node was declared lost, or taken over by a restarted agent, can overwrite nothing.
+node was declared lost, or taken over by a restarted agent, can overwrite nothing. The rank table's
+write is also fenced on the revision of this agent's last write of it: a write abandoned on a hung
+etcd member may still be applied when that member resumes, after newer tables were written through
+another member; fenced so, it fails there instead of putting an old table back (docs/adr/0043).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from recoverd import events
 from recoverd.errors import FenceLost, RecoverdError
 from recoverd.keys import Keyspace, RunRef
 from recoverd.records import encode, pb
-from recoverd.store import Compare, Op, Put, Store
+from recoverd.store import Compare, ModRevisionAtMost, Op, Put, Store
 
 __all__ = ["Outbox"]
 
@@ -64,6 +67,8 @@ class Outbox:
         #: wake-up with nothing newer than the last flush writes nothing.
         self._changes = 0
         self._flushed = 0
+        #: The revision of this agent's last committed write of the rank table (0: none yet).
+        self._table_rev = 0
 
     @contextlib.contextmanager
     def holding(self) -> Iterator[None]:
@@ -122,7 +127,9 @@ class Outbox:
 
     async def _flush(self, also: Sequence[Op]) -> None:
         assert self.run is not None
-        ops: list[Op] = [Put(self.keys.ranks(self.run, self.node), encode(self._rank_table())), *also]
+        table_key = self.keys.ranks(self.run, self.node)
+        ops: list[Op] = [Put(table_key, encode(self._rank_table())), *also]
+        adopted = False
         while True:
             faults = self._faults[: (TXN_OPS - len(ops)) // 2]
             for fault in faults:
@@ -140,8 +147,22 @@ class Outbox:
                 )
             evs = self._events[: TXN_OPS - len(ops)]
             ops.extend(evs)
-            if ops and not (await self.store.txn(self._fence(), ops)).succeeded:
+            has_table = ops[0].key == table_key if ops and isinstance(ops[0], Put) else False
+            fence = self._fence()
+            if has_table and self._table_rev:
+                fence = [*fence, ModRevisionAtMost(table_key, self._table_rev)]
+            result = await self.store.txn(fence, ops) if ops else None
+            if result is not None and not result.succeeded:
+                current = await self.store.get(table_key) if has_table and not adopted else None
+                if current is not None and current.mod_revision > self._table_rev:
+                    # Written since our last write: by an earlier write of ours that etcd applied
+                    # late (a hung member resumed). Ours is newer: write it again over that one.
+                    self._table_rev, adopted = current.mod_revision, True
+                    del ops[len(ops) - len(faults) * 2 - len(evs) :]
+                    continue
                 raise FenceLost(f"node {self.node}: a write was refused, its registration is not this agent's")
+            if result is not None and has_table:
+                self._table_rev = result.revision
             del self._faults[: len(faults)]
             del self._events[: len(evs)]
             if not self._faults and not self._events:

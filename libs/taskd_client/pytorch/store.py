@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from recoverd import etcd_security
 from recoverd.errors import EtcdUnavailable
-from recoverd.store import Absent, Put, Resync, Store, ValueIs
+from recoverd.store import RANK_PROBE_INTERVAL_S, Absent, Put, Resync, Store, ValueIs
 from taskd_client.loop_thread import LoopThread
 
 __all__ = ["EtcdStore", "GenerationAborted", "make_ahead", "open_store"]
@@ -78,7 +78,7 @@ class EtcdStore(dist.Store):
         #: Made by a warm-start standby before this rank existed (:func:`make_ahead`).
         self.made_ahead = False
         self._loop = LoopThread(name="recoverd-rendezvous")
-        self._store = Store(endpoints)
+        self._store = Store(endpoints, probe_interval_s=RANK_PROBE_INTERVAL_S)
         self.interrupted = interrupted
         # The watched copy of the prefix (see the module docstring): key -> value, None while the
         # watch is not in step with etcd. ``_changes`` counts updates, so a waiter that saw one

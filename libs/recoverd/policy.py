@@ -44,6 +44,7 @@ from recoverd.strategies import ALL_STRATEGIES
 __all__ = [
     "DEADLINE_KEYS",
     "DEFAULT_BUDGET_WINDOW_S",
+    "DEFAULT_REPLACEMENT_WAIT_S",
     "KNOWN_STRATEGIES",
     "Budget",
     "Deadlines",
@@ -51,6 +52,7 @@ __all__ = [
     "load_policy",
     "parse_policy",
     "policy_dict",
+    "replacement_wait_s",
 ]
 
 #: Strategy names, in MindCluster's priority order (recoverd.strategies owns them).
@@ -62,7 +64,10 @@ DEADLINE_KEYS = {
     "strategies": "strategies_s",
     "decide": "decide_s",
     "recover": "recover_s",
+    "replacement": "replacement_s",
 }
+#: How long a recovery waits for a lost node's replacement when the policy does not say (seconds).
+DEFAULT_REPLACEMENT_WAIT_S = 120.0
 DEFAULT_BUDGET_WINDOW_S = 600.0
 _TOP_KEYS = ("strategies", "deadlines", "budgets", "spares", "allow_rank0_in_place", "hang")
 #: The file's hang keys -> (pb.HangPolicy field, kind): seconds, ratio (> 1 or >= 1), count, ...
@@ -96,6 +101,9 @@ class Deadlines:
     strategies_s: float | None = None
     decide_s: float | None = None
     recover_s: float | None = None
+    #: How long to wait for an agent to replace a lost node; 0 = no wait (the only deadline that
+    #: may be 0). The coordinator and the selector both read it from the stored policy.
+    replacement_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +196,21 @@ def _strategy_list(where: str, value: object) -> tuple[str, ...]:
 def _deadlines(where: str, value: object) -> Deadlines:
     raw = _mapping(where, "deadlines", value, ", ".join(DEADLINE_KEYS))
     _unknown(where, "deadlines.", raw, tuple(DEADLINE_KEYS))
-    return Deadlines(**{DEADLINE_KEYS[k]: _seconds(where, f"deadlines.{k}", v) for k, v in raw.items()})
+    out = {}
+    for key, item in raw.items():
+        name = f"deadlines.{key}"
+        # A replacement wait of 0 is meaningful (a lost node with no spare fails the job at once).
+        zero = key == "replacement" and item == 0 and not isinstance(item, bool)
+        out[DEADLINE_KEYS[key]] = 0.0 if zero else _seconds(where, name, item)
+    return Deadlines(**out)
+
+
+def replacement_wait_s(policy: pb.Policy) -> float:
+    """How long a recovery waits for an agent to replace a lost node (a new agent registering for
+    its node rank, or a spare): the policy's ``deadlines.replacement``, else the default."""
+    if policy.deadlines.HasField("replacement_s"):
+        return max(0.0, policy.deadlines.replacement_s)
+    return DEFAULT_REPLACEMENT_WAIT_S
 
 
 def _budgets(where: str, value: object) -> tuple[tuple[str, Budget], ...]:
@@ -316,7 +338,11 @@ def policy_dict(policy: pb.Policy) -> dict[str, Any]:
             budgets[strategy] = {"max": entry.max, "window_s": entry.window_s}
     return {
         "strategies": list(policy.strategies) or ["exit"],
-        "deadlines": {key: value for key, name in DEADLINE_KEYS.items() if (value := getattr(policy.deadlines, name))},
+        "deadlines": {
+            key: getattr(policy.deadlines, name)
+            for key, name in DEADLINE_KEYS.items()
+            if getattr(policy.deadlines, name) or (name == "replacement_s" and policy.deadlines.HasField(name))
+        },
         "budgets": {s: budgets[s] for s in KNOWN_STRATEGIES if s in budgets},
         "spares": list(policy.spares),
         "allow_rank0_in_place": policy.allow_rank0_in_place if policy.HasField("allow_rank0_in_place") else True,

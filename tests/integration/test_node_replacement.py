@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import psutil
 import pytest
 
 from recoverd.records import pb
@@ -48,20 +49,22 @@ def _two_nodes(
 
 
 def _lose_node_b(cluster: Cluster, before: dict[int, pb.RankStatus]) -> list[int]:
-    """SIGKILL node-b's agent and its ranks (the whole pod is gone); their pids, for _reap."""
+    """SIGKILL node-b's agent, its ranks and every other process it started (a warm-start server):
+    the whole pod is gone. Their pids, for _reap."""
+    agent = psutil.Process(cluster.procs["agent-node-b"].pid)
+    pids = sorted({before[2].pid, before[3].pid} | {p.pid for p in agent.children(recursive=True)})
     cluster.kill("agent-node-b")
-    pids = [before[2].pid, before[3].pid]
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
     return pids
 
 
 def _reap(pids: list[int]) -> None:
-    """The killed ranks were re-parented to the test session (a subreaper): reap them."""
+    """The killed processes were re-parented to the test session (a subreaper): reap them."""
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
 

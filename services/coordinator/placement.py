@@ -6,8 +6,8 @@ a spare node (START_RANKS there, RELEASE_RANKS on the faulty node, which is forg
 gone); a downgrade releases them and records them as ``isolated``, and the job goes on with fewer
 data-parallel replicas. An `exit` restarts every node of the job and takes isolated ranks back on
 their own node when its agent is alive, and moves a lost node's ranks to the spare the selector
-paired it with (its replacement: START_RANKS there), so it never waits for a dead agent. When spares register while ranks are isolated,
-:func:`plan_upgrade` pairs each isolated node with a spare.
+paired it with (its replacement: START_RANKS there), so it never waits for a dead agent. When
+spares register while ranks are isolated, :func:`plan_upgrade` pairs each isolated node with a spare.
 
 The recovery walk (``recovery.py``) numbers the commands and enters the phase; nothing here
 changes a recovery except :func:`expand_to_nodes`, which adds faults.

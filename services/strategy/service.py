@@ -157,7 +157,9 @@ class StrategyService:
         if (run.uid, epoch) in self._announced:
             return
         why = decision.reasons[-1].removeprefix("wait: ")
-        note = events.event_put(self.keys, run, SOURCE, "replacement_wait", f"epoch {epoch}: {why}", epoch=epoch, at=now)
+        note = events.event_put(
+            self.keys, run, SOURCE, "replacement_wait", f"epoch {epoch}: {why}", epoch=epoch, at=now
+        )
         await self.store.txn([], [note])
         self._announced.add((run.uid, epoch))
         log.info("job %s epoch %d: %s", run.job, epoch, why)

@@ -75,8 +75,10 @@ def _status(cluster: Cluster, job: str) -> str:
 
 def _waiting(cluster: Cluster, job: str) -> bool:
     view = cluster.view(job)
-    return view.recovery is not None and view.recovery.phase == pb.PHASE_DECIDING and any(
-        e.reason == "replacement_wait" for e in cluster.events(job)
+    return (
+        view.recovery is not None
+        and view.recovery.phase == pb.PHASE_DECIDING
+        and any(e.reason == "replacement_wait" for e in cluster.events(job))
     )
 
 
@@ -204,9 +206,12 @@ def test_an_agent_for_a_live_nodes_rank_is_still_refused(cluster: Cluster) -> No
     cluster.wait_running(job, 4)
     dup = cluster.agent(job, "node-c", nproc=2, nnodes=2, node_rank=1, worker=_worker(30))
     assert dup.wait(timeout=30) != 0
-    assert "node rank 1 of job job-replace-dup is already taken by node node-b" in Path(
-        dup.log_path  # type: ignore[attr-defined]
-    ).read_text()
+    assert (
+        "node rank 1 of job job-replace-dup is already taken by node node-b"
+        in Path(
+            dup.log_path  # type: ignore[attr-defined]
+        ).read_text()
+    )
 
 
 # ---------------------------------------------------------------- PyTorch ranks
@@ -232,9 +237,7 @@ def test_a_plain_ddp_script_restarts_on_the_new_set_of_nodes(cluster: Cluster, d
     cluster.strategy()
     _two_nodes(cluster, job, strategies=None, command=command)
     before = cluster.wait_running(job, 4, timeout=120)
-    cluster.wait_for(
-        "step 20", lambda: "rank 3 step 20 done" in _torch_log(cluster, job, "node-b", 3), timeout=120
-    )
+    cluster.wait_for("step 20", lambda: "rank 3 step 20 done" in _torch_log(cluster, job, "node-b", 3), timeout=120)
     pids = _lose_node_b(cluster, before)
     try:
         _wait_then_replace(cluster, job, delay_s, command=command)
@@ -261,9 +264,7 @@ def test_resilient_trainer_survivors_keep_their_pids_and_take_the_new_ranks_in(
     cluster.strategy()
     _two_nodes(cluster, job, strategies=strategies, command=command)
     before = cluster.wait_running(job, 4, timeout=120)
-    cluster.wait_for(
-        "step 20", lambda: "rank 3 step 20 done" in _torch_log(cluster, job, "node-b", 3), timeout=120
-    )
+    cluster.wait_for("step 20", lambda: "rank 3 step 20 done" in _torch_log(cluster, job, "node-b", 3), timeout=120)
     pids = _lose_node_b(cluster, before)
     try:
         _wait_then_replace(cluster, job, delay_s, strategies=strategies, command=command)

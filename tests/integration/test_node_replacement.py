@@ -94,6 +94,19 @@ def _wait_then_replace(cluster: Cluster, job: str, delay_s: float, **agent: obje
     cluster.agent(job, "node-c", nproc=2, nnodes=2, node_rank=1, **agent)  # type: ignore[arg-type]
 
 
+def _print_timeline(cluster: Cluster, job: str, what: str) -> None:
+    """Measured, not asserted: when the recovery opened, waited, decided and ended (event times)."""
+    first: dict[str, float] = {}
+    for e in cluster.events(job):
+        at = e.at.seconds + e.at.nanos / 1e9
+        if e.reason in ("recovery_opened", "replacement_wait", "decision", "recovery_done", "job_succeeded"):
+            first.setdefault(e.reason, at)
+            if e.reason in ("decision", "recovery_done"):
+                first[e.reason] = at  # the last one: the decision that placed the ranks
+    start = first.get("recovery_opened", 0.0)
+    print(f"{what}: " + ", ".join(f"{k} +{v - start:.2f}s" for k, v in sorted(first.items(), key=lambda kv: kv[1])))
+
+
 def _outcomes(cluster: Cluster, job: str) -> list[tuple[str, bool]]:
     history = cluster.view(job).history
     return [(o.strategy, o.ok) for o in history.outcomes] if history is not None else []
@@ -121,6 +134,7 @@ def test_a_lost_node_of_a_plain_script_is_replaced_and_the_job_spends_one_restar
         _reap(pids)
     view = cluster.view(job)
     assert view.status is not None and view.status.state == pb.JOB_SUCCEEDED
+    _print_timeline(cluster, job, f"plain worker, exit, replacement after {delay_s:g}s")
     assert _outcomes(cluster, job) == [("exit", True)], "one incident, one unit of the restart budget"
     after = cluster.ranks(job)
     assert {r: s.node for r, s in after.items()} == {0: "node-a", 1: "node-a", 2: "node-c", 3: "node-c"}
@@ -147,6 +161,7 @@ def test_with_recover_allowed_the_survivors_keep_their_processes(cluster: Cluste
         assert cluster.wait_exit("agent-node-c", timeout=30) == 0, cluster.logs()
     finally:
         _reap(pids)
+    _print_timeline(cluster, job, f"plain worker, recover, replacement after {delay_s:g}s")
     assert _outcomes(cluster, job) == [("recover", True)]
     after = cluster.ranks(job)
     assert all(after[r].pid == before[r].pid and after[r].restart_count == 0 for r in (0, 1)), "survivors kept"
@@ -172,6 +187,7 @@ def test_a_plain_scripts_lost_node_moves_to_a_standing_spare(cluster: Cluster) -
         assert cluster.wait_exit("agent-spare-0", timeout=30) == 0, cluster.logs()
     finally:
         _reap(pids)
+    _print_timeline(cluster, job, "plain worker, exit, standing spare")
     assert _outcomes(cluster, job) == [("exit", True)]
     after = cluster.ranks(job)
     assert {r: s.node for r, s in after.items()} == {0: "node-a", 1: "node-a", 2: "spare-0", 3: "spare-0"}
@@ -245,6 +261,7 @@ def test_a_plain_ddp_script_restarts_on_the_new_set_of_nodes(cluster: Cluster, d
         assert cluster.wait_exit("agent-node-c", timeout=60) == 0, cluster.logs()
     finally:
         _reap(pids)
+    _print_timeline(cluster, job, f"plain_ddp.py, exit, replacement after {delay_s:g}s")
     assert _outcomes(cluster, job) == [("exit", True)]
     finals = {r: _torch_log(cluster, job, "node-a" if r < 2 else "node-c", r) for r in range(4)}
     assert all(f"rank {r} final sha256" in text for r, text in finals.items()), finals
@@ -272,6 +289,7 @@ def test_resilient_trainer_survivors_keep_their_pids_and_take_the_new_ranks_in(
         assert cluster.wait_exit("agent-node-c", timeout=60) == 0, cluster.logs()
     finally:
         _reap(pids)
+    _print_timeline(cluster, job, f"ResilientTrainer, recover, replacement after {delay_s:g}s")
     assert _outcomes(cluster, job) == [("recover", True)]
     after = cluster.ranks(job)
     assert all(after[r].pid == before[r].pid for r in (0, 1)), "the survivors keep their processes"

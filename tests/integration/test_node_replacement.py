@@ -112,6 +112,7 @@ def _outcomes(cluster: Cluster, job: str) -> list[tuple[str, bool]]:
     return [(o.strategy, o.ok) for o in history.outcomes] if history is not None else []
 
 
+@pytest.mark.timeout(180)
 @pytest.mark.parametrize("delay_s", [REPLACEMENT_DELAY_S])
 def test_a_lost_node_of_a_plain_script_is_replaced_and_the_job_spends_one_restart(
     cluster: Cluster, delay_s: float
@@ -145,6 +146,7 @@ def test_a_lost_node_of_a_plain_script_is_replaced_and_the_job_spends_one_restar
     assert len(reasons) == 1 and "node(s) ['node-b'] lost with no spare" in reasons[0], reasons
 
 
+@pytest.mark.timeout(180)
 @pytest.mark.parametrize("delay_s", [REPLACEMENT_DELAY_S])
 def test_with_recover_allowed_the_survivors_keep_their_processes(cluster: Cluster, delay_s: float) -> None:
     job = "job-replace-recover"
@@ -241,6 +243,7 @@ def _torch_log(cluster: Cluster, job: str, node: str, rank: int) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
+@pytest.mark.timeout(300)  # four torch ranks start twice on 2 shared cores
 @pytest.mark.parametrize("delay_s", [REPLACEMENT_DELAY_S])
 def test_a_plain_ddp_script_restarts_on_the_new_set_of_nodes(cluster: Cluster, delay_s: float) -> None:
     """examples/plain_ddp.py (no recoverd code): its survivors cannot take new peers in, so the job
@@ -267,6 +270,7 @@ def test_a_plain_ddp_script_restarts_on_the_new_set_of_nodes(cluster: Cluster, d
     assert all(f"rank {r} final sha256" in text for r, text in finals.items()), finals
 
 
+@pytest.mark.timeout(300)  # four torch ranks and two more on the replacement, on 2 shared cores
 @pytest.mark.parametrize("delay_s", [REPLACEMENT_DELAY_S])
 def test_resilient_trainer_survivors_keep_their_pids_and_take_the_new_ranks_in(
     cluster: Cluster, delay_s: float

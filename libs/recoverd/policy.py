@@ -68,6 +68,7 @@ DEADLINE_KEYS = {
 }
 #: How long a recovery waits for a lost node's replacement when the policy does not say (seconds).
 DEFAULT_REPLACEMENT_WAIT_S = 120.0
+_MAX_REPLACEMENT_WAIT_S = 7 * 24 * 3600.0
 DEFAULT_BUDGET_WINDOW_S = 600.0
 _TOP_KEYS = ("strategies", "deadlines", "budgets", "spares", "allow_rank0_in_place", "hang")
 #: The file's hang keys -> (pb.HangPolicy field, kind): seconds, ratio (> 1 or >= 1), count, ...
@@ -208,9 +209,14 @@ def _deadlines(where: str, value: object) -> Deadlines:
 def replacement_wait_s(policy: pb.Policy) -> float:
     """How long a recovery waits for an agent to replace a lost node (a new agent registering for
     its node rank, or a spare): the policy's ``deadlines.replacement``, else the default."""
-    if policy.deadlines.HasField("replacement_s"):
-        return max(0.0, policy.deadlines.replacement_s)
-    return DEFAULT_REPLACEMENT_WAIT_S
+    if not policy.deadlines.HasField("replacement_s"):
+        return DEFAULT_REPLACEMENT_WAIT_S
+    value = policy.deadlines.replacement_s
+    # The stored policy is untrusted input (anyone can write the key): a value that is no duration
+    # falls back to the default rather than a deadline that never comes or cannot be stored.
+    if not math.isfinite(value) or value < 0:
+        return DEFAULT_REPLACEMENT_WAIT_S
+    return min(value, _MAX_REPLACEMENT_WAIT_S)
 
 
 def _budgets(where: str, value: object) -> tuple[tuple[str, Budget], ...]:

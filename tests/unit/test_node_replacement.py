@@ -133,3 +133,10 @@ def test_the_policy_sets_the_wait_and_zero_turns_it_off() -> None:
     assert replacement_wait_s(pb.Policy()) == DEFAULT_REPLACEMENT_WAIT_S == 120.0
     assert replacement_wait_s(parse_policy("deadlines: {replacement: 45}").to_pb()) == 45.0
     assert replacement_wait_s(parse_policy("deadlines: {replacement: 0}").to_pb()) == 0.0
+
+
+def test_a_stored_wait_that_is_no_duration_falls_back_to_the_default() -> None:
+    for bad in (float("nan"), float("inf"), -5.0):
+        policy = pb.Policy()
+        policy.deadlines.replacement_s = bad
+        assert replacement_wait_s(policy) == DEFAULT_REPLACEMENT_WAIT_S

@@ -301,3 +301,35 @@ def test_resilient_trainer_survivors_keep_their_pids_and_take_the_new_ranks_in(
     finals = {r: _torch_log(cluster, job, "node-a" if r < 2 else "node-c", r) for r in range(4)}
     hashes = {line.split()[-1] for text in finals.values() for line in text.splitlines() if "final sha256" in line}
     assert len(hashes) == 1, finals
+
+
+ELASTIC = str(ROOT / "examples" / "elastic_train.py")
+
+
+@pytest.mark.timeout(300)  # four torch ranks and two more on the replacement, on 2 shared cores
+@pytest.mark.parametrize("delay_s", [REPLACEMENT_DELAY_S])
+def test_a_trainer_with_recoverds_protocol_takes_the_replacement_in(cluster: Cluster, delay_s: float) -> None:
+    """examples/elastic_train.py: rank 0's relay client is the job's participant and offers
+    recover; node-b's ranks start on node-c, the survivors keep their pids, one budget unit."""
+    pytest.importorskip("torch", reason="PyTorch is not installed (pip install -r requirements-torch.txt)")
+    job = "job-replace-protocol"
+    strategies = "recover,exit"
+    command = (sys.executable, ELASTIC, "--steps", "300", "--step-sleep", "0.05", "--offer", strategies)
+    cluster.coordinator(extra=("--recover-timeout", "60"))
+    cluster.strategy()
+    _two_nodes(cluster, job, strategies=strategies, command=command)
+    before = cluster.wait_running(job, 4, timeout=120)
+    cluster.wait_for("rank 0 to register as the job's client", lambda: cluster.view(job).clients, timeout=120)
+    cluster.wait_for("step 20", lambda: "rank 3 step 20 done" in _torch_log(cluster, job, "node-b", 3), timeout=120)
+    pids = _lose_node_b(cluster, before)
+    try:
+        _wait_then_replace(cluster, job, delay_s, strategies=strategies, command=command)
+        assert cluster.wait_exit("agent-node-a", timeout=180 + delay_s) == 0, cluster.logs()
+        assert cluster.wait_exit("agent-node-c", timeout=60) == 0, cluster.logs()
+    finally:
+        _reap(pids)
+    _print_timeline(cluster, job, f"elastic_train.py (relay client), recover, replacement after {delay_s:g}s")
+    assert _outcomes(cluster, job) == [("recover", True)]
+    after = cluster.ranks(job)
+    assert all(after[r].pid == before[r].pid for r in (0, 1)), "the survivors keep their processes"
+    assert all(after[r].node == "node-c" for r in (2, 3))

@@ -46,6 +46,7 @@ from recoverd.strategies import ALL_STRATEGIES
 __all__ = [
     "DEADLINE_KEYS",
     "DEFAULT_BUDGET_WINDOW_S",
+    "DEFAULT_REPLACEMENT_WAIT_S",
     "KNOWN_STRATEGIES",
     "Budget",
     "Deadlines",
@@ -53,6 +54,7 @@ __all__ = [
     "load_policy",
     "parse_policy",
     "policy_dict",
+    "replacement_wait_s",
 ]
 
 #: Strategy names, in MindCluster's priority order (recoverd.strategies owns them).
@@ -64,7 +66,11 @@ DEADLINE_KEYS = {
     "strategies": "strategies_s",
     "decide": "decide_s",
     "recover": "recover_s",
+    "replacement": "replacement_s",
 }
+#: How long a recovery waits for a lost node's replacement when the policy does not say (seconds).
+DEFAULT_REPLACEMENT_WAIT_S = 120.0
+_MAX_REPLACEMENT_WAIT_S = 7 * 24 * 3600.0
 DEFAULT_BUDGET_WINDOW_S = 600.0
 _TOP_KEYS = ("strategies", "deadlines", "budgets", "spares", "allow_rank0_in_place", "independent_ranks", "hang")
 #: The file's hang keys -> (pb.HangPolicy field, kind): seconds, ratio (> 1 or >= 1), count, ...
@@ -98,6 +104,9 @@ class Deadlines:
     strategies_s: float | None = None
     decide_s: float | None = None
     recover_s: float | None = None
+    #: How long to wait for an agent to replace a lost node; 0 = no wait (the only deadline that
+    #: may be 0). The coordinator and the selector both read it from the stored policy.
+    replacement_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +205,26 @@ def _strategy_list(where: str, value: object) -> tuple[str, ...]:
 def _deadlines(where: str, value: object) -> Deadlines:
     raw = _mapping(where, "deadlines", value, ", ".join(DEADLINE_KEYS))
     _unknown(where, "deadlines.", raw, tuple(DEADLINE_KEYS))
-    return Deadlines(**{DEADLINE_KEYS[k]: _seconds(where, f"deadlines.{k}", v) for k, v in raw.items()})
+    out = {}
+    for key, item in raw.items():
+        name = f"deadlines.{key}"
+        # A replacement wait of 0 is meaningful (a lost node with no spare fails the job at once).
+        zero = key == "replacement" and item == 0 and not isinstance(item, bool)
+        out[DEADLINE_KEYS[key]] = 0.0 if zero else _seconds(where, name, item)
+    return Deadlines(**out)
+
+
+def replacement_wait_s(policy: pb.Policy) -> float:
+    """How long a recovery waits for an agent to replace a lost node (a new agent registering for
+    its node rank, or a spare): the policy's ``deadlines.replacement``, else the default."""
+    if not policy.deadlines.HasField("replacement_s"):
+        return DEFAULT_REPLACEMENT_WAIT_S
+    value = policy.deadlines.replacement_s
+    # The stored policy is untrusted input (anyone can write the key): a value that is no duration
+    # falls back to the default rather than a deadline that never comes or cannot be stored.
+    if not math.isfinite(value) or value < 0:
+        return DEFAULT_REPLACEMENT_WAIT_S
+    return min(value, _MAX_REPLACEMENT_WAIT_S)
 
 
 def _budgets(where: str, value: object) -> tuple[tuple[str, Budget], ...]:
@@ -328,7 +356,11 @@ def policy_dict(policy: pb.Policy) -> dict[str, Any]:
             budgets[strategy] = {"max": entry.max, "window_s": entry.window_s}
     return {
         "strategies": list(policy.strategies) or ["exit"],
-        "deadlines": {key: value for key, name in DEADLINE_KEYS.items() if (value := getattr(policy.deadlines, name))},
+        "deadlines": {
+            key: getattr(policy.deadlines, name)
+            for key, name in DEADLINE_KEYS.items()
+            if getattr(policy.deadlines, name) or (name == "replacement_s" and policy.deadlines.HasField(name))
+        },
         "budgets": {s: budgets[s] for s in KNOWN_STRATEGIES if s in budgets},
         "spares": list(policy.spares),
         "allow_rank0_in_place": policy.allow_rank0_in_place if policy.HasField("allow_rank0_in_place") else True,

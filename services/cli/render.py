@@ -100,7 +100,10 @@ def status_dict(view: JobView) -> dict[str, Any]:
                 "rank": r.rank,
                 "node": r.node,
                 "pid": r.pid,
-                "state": enum_name(pb.RankState, r.state, "RANK_"),
+                # A lost node's table keeps its last state: its running ranks are not running.
+                "state": "LOST"
+                if r.node not in view.nodes and r.state in (pb.RANK_RUNNING, pb.RANK_PENDING)
+                else enum_name(pb.RankState, r.state, "RANK_"),
                 "restarts": r.restart_count,
                 "generation": r.generation,
                 "exit_code": r.exit_code,

@@ -39,7 +39,9 @@ class Phase(StrEnum):
 
     DECIDING = "DECIDING"
     """Waiting for the strategy selector's decision for this epoch. Deadline: ``decide_s``; on
-    expiry the coordinator applies `exit`, which is always safe, and says so."""
+    expiry the coordinator applies `exit`, which is always safe, and says so. With a lost node the
+    deadline is at least ``replacement_s`` after it was lost: the selector waits that long for an
+    agent to replace it; if none came by the deadline the job fails, saying so."""
 
     RECOVERING = "RECOVERING"
     """changeStrategy and the agents' commands were sent; waiting for the recover status of every
@@ -72,6 +74,9 @@ class Timeouts:
     #: whole window after it only delays the recovery (docs/adr/0034: 10 ms since issue 15's stop 23,
     #: the largest wait of a recover-in-place's control plane at 30 ms).
     fault_settle_s: float = 0.01
+    #: How long a lost node with no spare waits for an agent to replace it (the job's policy,
+    #: ``deadlines.replacement``; 0: no wait). Counted from when the node was declared lost.
+    replacement_s: float = 120.0
 
     def collect_deadline(self, opened_at: float, last_fault_at: float) -> float:
         """When COLLECTING ends: ``fault_settle_s`` after the last fault, at most ``fault_window_s``

@@ -20,6 +20,7 @@ from recoverd.coordinator.inputs import DecisionMade, Event, RecoverStatusReport
 from recoverd.coordinator.model import WAITING_PHASES, FaultInfo, Layout, Phase, Recovery, Timeouts
 from recoverd.errors import Reason, UnknownRank
 from recoverd.jobview import JobView, idle_spares
+from recoverd.policy import replacement_wait_s
 from recoverd.records import pb, ts_to_s
 from recoverd.strategies import ALL_STRATEGIES
 
@@ -62,12 +63,16 @@ class Rejection:
 
 
 def job_timeouts(policy: pb.Policy, default: Timeouts) -> Timeouts:
-    """The job policy's deadlines where it sets them (non-zero), else the coordinator's own."""
-    set_ = {
+    """The job policy's deadlines where it sets them (non-zero), else the coordinator's own; the
+    replacement wait always from the policy (the selector reads the same: policy.replacement_wait_s)."""
+    set_: dict[str, float] = {
         name: getattr(policy.deadlines, name)
         for name in ("fault_window_s", "stop_s", "strategies_s", "decide_s", "recover_s")
         if getattr(policy.deadlines, name) > 0
     }
+    wait = replacement_wait_s(policy)
+    if wait != default.replacement_s:
+        set_["replacement_s"] = wait
     return dataclasses.replace(default, **set_) if set_ else default
 
 

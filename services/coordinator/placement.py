@@ -5,8 +5,9 @@
 a spare node (START_RANKS there, RELEASE_RANKS on the faulty node, which is forgotten if its agent is
 gone); a downgrade releases them and records them as ``isolated``, and the job goes on with fewer
 data-parallel replicas. An `exit` restarts every node of the job and takes isolated ranks back on
-their own node when its agent is alive. When spares register while ranks are isolated,
-:func:`plan_upgrade` pairs each isolated node with a spare.
+their own node when its agent is alive, and moves a lost node's ranks to the spare the selector
+paired it with (its replacement: START_RANKS there), so it never waits for a dead agent. When
+spares register while ranks are isolated, :func:`plan_upgrade` pairs each isolated node with a spare.
 
 The recovery walk (``recovery.py``) numbers the commands and enters the phase; nothing here
 changes a recovery except :func:`expand_to_nodes`, which adds faults.
@@ -96,11 +97,33 @@ def _plan_exit(
                 back.setdefault(home, set()).add(rank)
     if homeless:
         return Plan(fail=f"exit cannot restart ranks {homeless}: no live node holds them or is their home")
-    nodes = sorted(set(event.nodes) | set(by_node) | set(back))
+    moved = _exit_moves(event, layout, by_node, live)
+    nodes = sorted((set(event.nodes) | set(by_node) | set(back)) - set(moved) - {s for s, _ in moved.values()})
     return Plan(
-        commands=tuple((n, "RESTART_ALL", tuple(sorted(back.get(n, ())))) for n in nodes),
+        commands=(
+            *((n, "RESTART_ALL", tuple(sorted(back.get(n, ())))) for n in nodes),
+            *((spare, "START_RANKS", ranks) for spare, ranks in (moved[n] for n in sorted(moved))),
+        ),
+        forget=tuple(sorted(moved)),
         isolated=tuple((r, n) for r, n in rec.isolated if n not in back or r not in back[n]),
     )
+
+
+def _exit_moves(
+    event: DecisionMade, layout: Layout, by_node: dict[str, set[int]], live: frozenset[str]
+) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """lost node -> (its spare, its ranks) for an `exit` the selector paired with spares: the spare
+    starts the ranks (START_RANKS, once no live node runs them) while every other node restarts its
+    own, and the lost node is forgotten instead of awaited. Only pairs whose node is lost and whose
+    spare is alive, as this pass read them."""
+    out: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for node, spare in event.moves:
+        if node in live or (event.layout is not None and spare not in layout.live):
+            continue
+        ranks = tuple(sorted(set(layout.ranks_on(node)) | by_node.get(node, set())))
+        if ranks:
+            out[node] = (spare, ranks)
+    return out
 
 
 def _plan_recover(

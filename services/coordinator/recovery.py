@@ -32,7 +32,9 @@ named function below: ``_all_reported`` (a waiting phase ends only when everyone
 answered: the participants, and in RECOVERING also the agent of every node sent a command),
 ``_open`` (a fault in DONE opens a new recovery), ``_merge_fault`` (a fault after COLLECTING starts
 a new round), ``_strategy_failed`` (failure falls back, or fails the job after `exit`),
-``_commanded_node_lost`` (a commanded node that dies before confirming fails the strategy at once).
+``_commanded_node_lost`` (a commanded node that dies before confirming fails the strategy at once),
+``_deciding_deadline`` (DECIDING waits for a lost node's replacement) and ``_unreplaced`` (at that
+deadline, a lost node nothing replaced fails the job rather than an `exit` that would wait for it).
 """
 
 from __future__ import annotations
@@ -187,6 +189,8 @@ def _enter(rec: Recovery, phase: Phase, now: float, timeouts: Timeouts, **change
         deadline_at=(now + limit) if limit is not None else None,
         **changes,  # type: ignore[arg-type]
     )
+    if phase is Phase.DECIDING:
+        new = dataclasses.replace(new, deadline_at=_deciding_deadline(new, now, timeouts))
     epoch = new.epoch
     return dataclasses.replace(new, phase_log=(*rec.phase_log, (phase, now, epoch)))
 
@@ -263,8 +267,13 @@ def _merge_fault(rec: Recovery, event: FaultReported, now: float, timeouts: Time
     )
     # A strategy whose commands were already carried out counts for the budgets even when a new
     # fault interrupts it: otherwise a rank that crashes while being restarted is never counted.
+    # Not when the news is only a lost node (lease faults): that is the same incident seen late
+    # (its survivors crash at once, its lease expires ~2 s later), and one incident spends one
+    # unit of the budget, whatever the rounds it takes.
     interrupted: list[Effect] = (
-        [RecordOutcome(rec.strategy, rec.fault_ranks, ok=False)] if rec.phase is Phase.RECOVERING else []
+        [RecordOutcome(rec.strategy, rec.fault_ranks, ok=False)]
+        if rec.phase is Phase.RECOVERING and not all(f.source == "lease" for f in news)
+        else []
     )
     return new, [
         *interrupted,
@@ -367,6 +376,15 @@ def _deadline_passed(
         missing = sorted(rec.participants - rec.reported)
         return _rule_out_cheap(rec, now, timeouts, f"{rec.phase} deadline passed waiting for {missing}")
     if rec.phase is Phase.DECIDING:
+        unreplaced = _unreplaced(rec, event) if timeouts.replacement_s > 0 else []
+        if unreplaced:
+            return _fail_job(
+                rec,
+                now,
+                timeouts,
+                f"node(s) {unreplaced} lost and no agent replaced them within {timeouts.replacement_s:g}s"
+                " (deadlines.replacement): nowhere to run their ranks",
+            )
         decision = DecisionMade(
             rec.epoch,
             "exit",
@@ -377,6 +395,33 @@ def _deadline_passed(
         return _decided(rec, decision, now, timeouts)
     missing = sorted(_required(rec) - rec.reported)
     return _strategy_failed(rec, now, timeouts, f"{rec.strategy} not confirmed in time by {missing}")
+
+
+def _lost_since(rec: Recovery) -> float | None:
+    """When the first node of this recovery was declared lost (its lease faults keep the time of
+    the first pass that saw them), or None when no node was lost."""
+    lost = [f.detected_at for f in rec.faults if f.source == "lease"]
+    return min(lost) if lost else None
+
+
+def _deciding_deadline(rec: Recovery, now: float, timeouts: Timeouts) -> float:
+    """DECIDING's deadline: ``decide_s``, and with a lost node at least ``replacement_s`` after it
+    was lost, for the selector waits that long for an agent to replace it (every round of the
+    recovery against the same bound, so a survivor's crash meanwhile does not extend it)."""
+    deadline = now + timeouts.decide_s
+    since = _lost_since(rec)
+    if since is None or timeouts.replacement_s <= 0:
+        return deadline
+    return max(deadline, since + timeouts.replacement_s)
+
+
+def _unreplaced(rec: Recovery, event: DeadlinePassed) -> list[str]:
+    """Lost nodes of ``rec`` that are still gone and that no idle spare can replace (more lost
+    nodes than spares: the last ones in name order), as the deadline's read shows."""
+    if event.layout is None:
+        return []
+    gone = sorted({f.node for f in rec.faults if f.source == "lease"} - event.layout.live)
+    return gone[len(event.layout.spares) :]
 
 
 def _commanded_node_lost(

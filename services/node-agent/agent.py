@@ -647,7 +647,11 @@ class NodeAgent:
                 rankwire.ADDRESS_ENV: self.rank_clients.address if self.rank_clients is not None else "",
                 # Where the client's faulthandler writes its stacks for the agent (beside the logs).
                 **({"RECOVERD_STACK_DIR": os.path.join(s.log_dir, "stacks")} if s.log_dir else {}),
-                "TORCHELASTIC_RESTART_COUNT": str(slot.restart_count),
+                # torchrun's count is the whole group's, the same in every rank; the recovery round
+                # that started a rank is too (its own restart count is not: a rank moved to a new
+                # node, or restarted in place, counts apart), so scripts that key their rendezvous
+                # on it (PrefixStore(f"attempt{N}")) meet after an exit that moved ranks.
+                "TORCHELASTIC_RESTART_COUNT": str(slot.generation),
             }
         )
         return env

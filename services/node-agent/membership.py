@@ -129,6 +129,7 @@ class Membership:
         s = self.settings
         return pb.NodeRecord(
             node=s.node,
+            # A --spare takes the node rank of the ranks it is given; a replacement keeps its own.
             node_rank=(s.group_rank(ranks[0]) if ranks else -1) if s.spare else s.node_rank,
             host=socket.gethostname(),
             agent_pid=os.getpid(),
@@ -191,6 +192,8 @@ class Membership:
                         raise JobSpecMismatch(
                             f"node rank {self.settings.node_rank} of job {job} is already taken by node {taken[0]}"
                         )
+                    if self._is_replacement(view):
+                        self._join_as_replacement()
                     run = view.run
                     registration = self._register_op(run, lease_id)
                     ops.append(registration)
@@ -237,6 +240,34 @@ class Membership:
                 self.spec, self.run, self.registration = new, run, registration.value
                 log.info("node %s created job %s (run %s)", node, job, run.uid)
                 return None
+
+    def _is_replacement(self, view: JobView) -> bool:
+        """Whether this agent, new to a live run, arrives for ranks that a recovery in progress
+        names as faulty (their node was lost: a rescheduled pod, under a new node name). Its own
+        name has no rank table in the run (a returning agent's has: it rejoins, docs/adr/0023)."""
+        rec = view.recovery
+        if self.settings.spare or rec is None or self.settings.node in view.ranks:
+            return False
+        if rec.phase in (pb.PHASE_DONE, pb.PHASE_FAILED, pb.PHASE_UNSPECIFIED):
+            return False
+        return bool({f.rank for f in rec.faults} & set(self.table.slots))
+
+    def _join_as_replacement(self) -> None:
+        """Join as a spare for this node rank and start nothing: the recovery decides where the lost
+        node's ranks run (here, by START_RANKS) and whether the survivors restart, so a rank never
+        runs twice and never starts outside a recovery round."""
+        ranks = sorted(self.table.slots)
+        for rank in ranks:
+            self.table.remove(rank)
+        self.is_spare = True
+        log.warning(
+            "node %s: joins job %s as the replacement of a lost node (node rank %d, ranks %s): a spare until"
+            " the recovery starts the ranks here",
+            self.settings.node,
+            self.settings.job,
+            self.settings.node_rank,
+            ranks,
+        )
 
     async def _join_txn(self, compare: list[Compare], ops: list[Op]) -> bool:
         """The join's transaction; False (join again) when it failed its compare, or when etcd no

@@ -22,6 +22,11 @@ MindCluster's ``chooseStrategy`` (reference/mindcluster-contract.md section 6):
 * ranks that run no recoverd client (``Request.plain_nodes``: their node's declaration leaves
   recover-in-place out) rule it out too: a plain script's rank restarted alone cannot rejoin its
   running group, it would wait in ``init_process_group`` for good (docs/adr/0041);
+  while a lost node has no spare to go to, the selector waits (no decision) until
+  ``replacement_wait_until`` for an agent to replace it (a new agent for its node rank registers
+  as a spare), unless elastic-training can go on without it; past that it gives up. An `exit`
+  chosen with lost nodes and spares moves their ranks to the spares (``moves``), so it never waits
+  for a dead node's agent;
 * ``allow_rank0_in_place: false`` rules out recover-in-place when rank 0's node has a fault;
   elastic-training (downgrade) is never used then, as upstream;
 * budgets: at most ``max`` uses of a strategy per ``window_s`` (the policy's ``budgets``;
@@ -117,6 +122,9 @@ class Request:
     drained_nodes: tuple[str, ...] = ()
     #: Nodes whose ranks run no recoverd client and cannot rejoin their group alone (ADR 0041).
     plain_nodes: tuple[str, ...] = ()
+    #: Wall-clock time until which a lost node with no spare waits for an agent to replace it
+    #: (0: no wait, the old behaviour: `exit` commands the lost node and waits for its agent).
+    replacement_wait_until: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,8 +134,10 @@ class Decision:
     give_up: bool = False
     candidates: tuple[str, ...] = ()
     expected_cost_s: float = 0.0
-    #: `recover`: (faulty node, spare node) pairs.
+    #: `recover`: (faulty node, spare node) pairs; `exit`: (lost node, spare node) pairs.
     moves: tuple[tuple[str, str], ...] = ()
+    #: No decision yet: a lost node waits for its replacement (``reasons`` say which and how long).
+    is_waiting: bool = False
 
 
 def _recent(history: Sequence[Outcome], now: float, window_s: float) -> list[Outcome]:
@@ -161,6 +171,21 @@ def choose(request: Request, *, implemented: frozenset[str] = _IMPLEMENTED) -> D
             reasons.append(f"{strategy}: no, {verdict}")
             continue
         candidates.append(strategy)
+    unreplaced = request.lost_nodes[len(request.spares) :]
+    if unreplaced and request.replacement_wait_until > 0 and "elastic-training" not in candidates:
+        # Nothing can run the lost node's ranks: wait for an agent to replace it, or give up.
+        if request.now < request.replacement_wait_until:
+            left = request.replacement_wait_until - request.now
+            reasons.append(
+                f"wait: node(s) {list(unreplaced)} lost with no spare; waiting {left:.0f}s more for an agent"
+                " to replace them (a new agent for the same node rank, or a --spare)"
+            )
+            return Decision("", tuple(reasons), is_waiting=True)
+        reasons.append(
+            f"give up: node(s) {list(unreplaced)} lost and no agent replaced them in time"
+            " (the policy's deadlines.replacement): nowhere to run their ranks"
+        )
+        return Decision("", tuple(reasons), give_up=True)
     if not candidates:
         if "exit" in request.failed:
             reasons.append("give up: exit already failed in this recovery")
@@ -170,7 +195,12 @@ def choose(request: Request, *, implemented: frozenset[str] = _IMPLEMENTED) -> D
             reasons.append(f"give up: {exits} exit(s) within {window:g}s reached the job budget of {count}")
         return Decision("", tuple(reasons), give_up=True)
     chosen = candidates[0]
-    moves = tuple(zip(request.fault_nodes, request.spares, strict=False)) if chosen == "recover" else ()
+    moves: tuple[tuple[str, str], ...] = ()
+    if chosen == "recover":
+        moves = tuple(zip(request.fault_nodes, request.spares, strict=False))
+    elif chosen == "exit":
+        # Every rank restarts; a lost node's ranks restart on a spare (its replacement).
+        moves = tuple(zip(request.lost_nodes, request.spares, strict=False))
     where = "; " + ", ".join(f"{a} -> {b}" for a, b in moves) if moves else ""
     reasons.append(f"{chosen}: yes, the cheapest strategy left (about {EXPECTED_COST_S[chosen]:g}s){where}")
     reasons.extend(f"{s}: possible, after {chosen} in priority order" for s in candidates[1:])

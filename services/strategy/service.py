@@ -21,10 +21,11 @@ from recoverd.controller import JobController
 from recoverd.errors import RecoverdError
 from recoverd.jobview import JobView, idle_spares, node_of_rank, read_job
 from recoverd.keys import Keyspace, RunRef
+from recoverd.policy import replacement_wait_s
 from recoverd.records import encode, pb, ts_from_s, ts_to_s
 from recoverd.store import Absent, Put, Store
 from recoverd.strategies import DRAIN_KIND
-from recoverd.strategy.selector import Outcome, PolicyView, Request, choose
+from recoverd.strategy.selector import Decision, Outcome, PolicyView, Request, choose
 
 __all__ = ["StrategyService", "plain_nodes", "request_from_records"]
 
@@ -47,6 +48,7 @@ def request_from_records(
     ``spares``: the idle spare nodes; ``live_nodes``: nodes whose agent is alive, None if unknown;
     ``plain_nodes``: :func:`plain_nodes`)."""
     fault_nodes = tuple(sorted({f.node for f in recovery.faults if f.node}))
+    lost_nodes = tuple(n for n in fault_nodes if live_nodes is not None and n not in live_nodes)
     policy = spec.policy
     window = policy.restart_window_s or 600.0
     view = PolicyView(
@@ -71,7 +73,8 @@ def request_from_records(
         fault_nodes=fault_nodes,
         rank0_node=rank0_node,
         spares=spares,
-        lost_nodes=tuple(n for n in fault_nodes if live_nodes is not None and n not in live_nodes),
+        lost_nodes=lost_nodes,
+        replacement_wait_until=_replacement_wait_until(recovery, lost_nodes, replacement_wait_s(policy)),
         drained_nodes=tuple(sorted({f.node for f in recovery.faults if f.node and f.kind == DRAIN_KIND})),
         unplaced_ranks=tuple(sorted({f.rank for f in recovery.faults if not f.node})),
         plain_nodes=() if policy.independent_ranks else plain_nodes,
@@ -95,6 +98,33 @@ def plain_nodes(view: JobView, *, forms_resilient_group: bool = False) -> tuple[
     )
 
 
+def _replacement_wait_until(recovery: pb.Recovery, lost_nodes: tuple[str, ...], wait_s: float) -> float:
+    """Until when a lost node may wait for its replacement: ``wait_s`` after the first of them was
+    declared lost (their faults keep the time of the first pass that saw them, so every round of
+    the recovery waits against the same bound); 0 when nothing waits."""
+    if not lost_nodes or wait_s <= 0:
+        return 0.0
+    since = [ts_to_s(f.detected_at) for f in recovery.faults if f.node in lost_nodes and f.HasField("detected_at")]
+    return (min(since) if since else 0.0) + wait_s
+
+
+def ordered_spares(view: JobView) -> tuple[str, ...]:
+    """The idle spares, an agent registered for a lost node's node rank (its replacement) first,
+    paired in that order with the lost nodes, so the ranks go where the scheduler meant them."""
+    spares = idle_spares(view)
+    assert view.spec is not None
+    nproc = view.spec.nproc_per_node or 1
+    lost_ranks = {
+        r.rank // nproc: node
+        for node, table in sorted(view.ranks.items())
+        if node not in view.nodes
+        for r in table.ranks
+    }
+    wanted = sorted(lost_ranks)
+    first = [s for rank in wanted for s in spares if view.nodes[s].node_rank == rank]
+    return (*dict.fromkeys(first), *(s for s in spares if s not in first))
+
+
 class StrategyService:
     """``await StrategyService(store, keys).run()`` until cancelled."""
 
@@ -103,6 +133,8 @@ class StrategyService:
         self.keys = keys
         self.identity = f"strategy@{socket.gethostname()}:{os.getpid()}"
         self._jobs: JobController | None = None
+        #: (run uid, epoch) whose replacement wait was announced: one event per round, not per pass.
+        self._announced: set[tuple[str, int]] = set()
 
     async def run(self, retry_s: float = 0.5) -> None:
         """Serve until cancelled; losing etcd restarts the watch and worker after ``retry_s``."""
@@ -139,6 +171,19 @@ class StrategyService:
             return not cache.has(job, self.keys.recovery(run))  # a bad record: the view handles it
         return recovery.phase != pb.PHASE_DECIDING or cache.has(job, self.keys.decision(run, recovery.epoch))
 
+    async def _announce_wait(self, run: RunRef, epoch: int, decision: Decision, now: float) -> None:
+        """Record, once per round, that the decision waits for a lost node's replacement (a
+        restarted selector says it once more: harmless). A new agent registering wakes the next pass."""
+        if (run.uid, epoch) in self._announced:
+            return
+        why = decision.reasons[-1].removeprefix("wait: ")
+        note = events.event_put(
+            self.keys, run, SOURCE, "replacement_wait", f"epoch {epoch}: {why}", epoch=epoch, at=now
+        )
+        await self.store.txn([], [note])
+        self._announced.add((run.uid, epoch))
+        log.info("job %s epoch %d: %s", run.job, epoch, why)
+
     async def reconcile(self, job: str) -> None:
         if self._nothing_to_decide(job):
             return
@@ -159,11 +204,14 @@ class StrategyService:
             view.history,
             now,
             rank0_node,
-            idle_spares(view),
+            ordered_spares(view),
             frozenset(view.nodes),
             plain,
         )
         decision = choose(request)
+        if decision.is_waiting:
+            await self._announce_wait(view.run, recovery.epoch, decision, now)
+            return
         record = pb.Decision(
             epoch=recovery.epoch,
             strategy=decision.strategy,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from pathlib import Path
 
 import psutil
 import pytest
@@ -233,11 +234,18 @@ def test_mismatched_spec_is_refused_with_the_reason(cluster: Cluster) -> None:
     assert set(view.nodes) == {"node-a"} and decode(pb.JobSpec, cluster.get(cluster.keys.job_spec("job-spec")) or b"")
 
 
-def test_a_lost_node_is_a_fault_and_its_unconfirmed_command_fails_the_job(cluster: Cluster) -> None:
+def test_a_lost_node_is_a_fault_and_its_unconfirmed_command_fails_the_job(cluster: Cluster, tmp_path: Path) -> None:
+    """With no wait for a replacement (``deadlines.replacement: 0``; the default waits 120 s for one:
+    test_node_replacement.py), the `exit` commands the lost node and waits for its agent."""
+    policy = tmp_path / "no-wait.yaml"
+    policy.write_text("deadlines: {replacement: 0}\n")
+    no_wait = ("--policy", str(policy))
     cluster.coordinator(extra=("--recover-timeout", "1.5"))
     cluster.strategy()
-    cluster.agent("job-lost", "node-a", nproc=2, nnodes=2, node_rank=0, strategies="recover-in-place,exit")
-    cluster.agent("job-lost", "node-b", nproc=2, nnodes=2, node_rank=1, strategies="recover-in-place,exit")
+    for i, node in enumerate(("node-a", "node-b")):
+        cluster.agent(
+            "job-lost", node, nproc=2, nnodes=2, node_rank=i, strategies="recover-in-place,exit", extra=no_wait
+        )
     before = cluster.wait_running("job-lost", 4)
     orphans = [before[2].pid, before[3].pid]
     try:

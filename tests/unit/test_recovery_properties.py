@@ -381,13 +381,24 @@ class Checker:
             assert new.strategy
         # Outcomes: one per strategy attempt, recorded when it leaves RECOVERING (success to DONE,
         # failure to DECIDING, to FAILED after `exit`, or interrupted by a merged fault to STOPPING;
-        # a saved `dump` succeeds into its `exit`), never a placeholder like "none".
+        # a saved `dump` succeeds into its `exit`), never a placeholder like "none". A round
+        # interrupted only by a lost node's lease faults is the same incident seen late: not counted.
         outcomes = [e for e in effects if isinstance(e, RecordOutcome)]
-        left_recovering = prev.phase is Phase.RECOVERING and new.phase in (
-            Phase.DONE,
-            Phase.DECIDING,
-            Phase.FAILED,
-            Phase.STOPPING,
+        late_node_loss = (
+            new.phase is Phase.STOPPING
+            and bool(new.faults[len(prev.faults) :])
+            and all(f.source == "lease" for f in new.faults[len(prev.faults) :])
+        )
+        left_recovering = (
+            prev.phase is Phase.RECOVERING
+            and not late_node_loss
+            and new.phase
+            in (
+                Phase.DONE,
+                Phase.DECIDING,
+                Phase.FAILED,
+                Phase.STOPPING,
+            )
         )
         assert len(outcomes) == (1 if left_recovering or after_dump else 0)
         for outcome in outcomes:

@@ -148,18 +148,20 @@ class HangPolicy(_message.Message):
     def __init__(self, enabled: _Optional[bool] = ..., timeout_s: _Optional[float] = ..., multiplier: _Optional[float] = ..., floor_s: _Optional[float] = ..., startup_s: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., log_pattern: _Optional[str] = ..., straggler_ratio: _Optional[float] = ..., straggler_window_s: _Optional[float] = ...) -> None: ...
 
 class PolicyDeadlines(_message.Message):
-    __slots__ = ("fault_window_s", "stop_s", "strategies_s", "decide_s", "recover_s")
+    __slots__ = ("fault_window_s", "stop_s", "strategies_s", "decide_s", "recover_s", "replacement_s")
     FAULT_WINDOW_S_FIELD_NUMBER: _ClassVar[int]
     STOP_S_FIELD_NUMBER: _ClassVar[int]
     STRATEGIES_S_FIELD_NUMBER: _ClassVar[int]
     DECIDE_S_FIELD_NUMBER: _ClassVar[int]
     RECOVER_S_FIELD_NUMBER: _ClassVar[int]
+    REPLACEMENT_S_FIELD_NUMBER: _ClassVar[int]
     fault_window_s: float
     stop_s: float
     strategies_s: float
     decide_s: float
     recover_s: float
-    def __init__(self, fault_window_s: _Optional[float] = ..., stop_s: _Optional[float] = ..., strategies_s: _Optional[float] = ..., decide_s: _Optional[float] = ..., recover_s: _Optional[float] = ...) -> None: ...
+    replacement_s: float
+    def __init__(self, fault_window_s: _Optional[float] = ..., stop_s: _Optional[float] = ..., strategies_s: _Optional[float] = ..., decide_s: _Optional[float] = ..., recover_s: _Optional[float] = ..., replacement_s: _Optional[float] = ...) -> None: ...
 
 class Budget(_message.Message):
     __slots__ = ("max", "window_s")

@@ -20,8 +20,9 @@ MindCluster's ``chooseStrategy`` (reference/mindcluster-contract.md section 6):
   the job gives up (killMaster);
 * a lost node (its agent's lease expired) rules out recover-in-place: nobody is there to restart;
 * ranks that run no recoverd client (``Request.plain_nodes``: their node's declaration leaves
-  recover-in-place out) rule it out too: a plain script's rank restarted alone cannot rejoin its
-  running group, it would wait in ``init_process_group`` for good (docs/adr/0041);
+  recover-in-place out) rule it out too, and ``recover``: a plain script's rank restarted or moved
+  alone cannot rejoin its running group, it would wait in ``init_process_group`` (docs/adr/0041);
+  ``exit`` restarts every rank, moving a lost node's ranks to a spare;
   while a lost node has no spare to go to, the selector waits (no decision) until
   ``replacement_wait_until`` for an agent to replace it (a new agent for its node rank registers
   as a spare), unless elastic-training can go on without it; past that it gives up. An `exit`
@@ -239,10 +240,10 @@ def _rule_out(strategy: str, request: Request, allowed: Sequence[str], implement
         return f"node(s) {list(request.drained_nodes)} being drained: their ranks must move off them"
     if strategy == "recover-in-place" and request.lost_nodes:
         return f"node(s) {list(request.lost_nodes)} lost: no agent there to restart ranks in place"
-    if strategy == "recover-in-place" and request.plain_nodes:
+    if strategy in ("recover-in-place", "recover") and request.plain_nodes:
         return (
             f"the ranks on node(s) {_names(request.plain_nodes)} run no recoverd client: a plain script's rank"
-            " restarted alone cannot rejoin its running group (it would wait in init_process_group for good),"
+            " restarted or moved alone cannot rejoin its running group (it would wait in init_process_group),"
             " so every rank is restarted; a job whose ranks never talk to each other says independent_ranks"
             " (docs/policy.md)"
         )

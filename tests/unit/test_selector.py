@@ -396,6 +396,13 @@ def test_ranks_that_run_no_client_are_never_restarted_alone() -> None:
     assert decision.strategy == "exit"
     why = next(r for r in decision.reasons if r.startswith("recover-in-place: no"))
     assert "n0, n1 run no recoverd client" in why and "init_process_group" in why and "independent_ranks" in why
+    # Nor moved alone to a spare: the moved ranks could not rejoin the survivors either.
+    moving = choose(
+        Request((2,), policy=PolicyView(("recover", "exit")), now=NOW, fault_nodes=("n1",), spares=("s0",),
+                supported=frozenset({"recover", "exit"}),
+                plain_nodes=("n0", "n1"))
+    )  # fmt: skip
+    assert moving.strategy == "exit" and any(r.startswith("recover: no, the ranks on") for r in moving.reasons)
     # A job of a hundred plain nodes: the reason names a few, not all of them.
     many = choose(Request((2,), policy=RIP, now=NOW, plain_nodes=tuple(f"n{i}" for i in range(100))))
     assert "n0, n1, n2, n3 and 96 more" in next(r for r in many.reasons if r.startswith("recover-in-place: no"))

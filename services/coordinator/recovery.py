@@ -267,12 +267,13 @@ def _merge_fault(rec: Recovery, event: FaultReported, now: float, timeouts: Time
     )
     # A strategy whose commands were already carried out counts for the budgets even when a new
     # fault interrupts it: otherwise a rank that crashes while being restarted is never counted.
-    # Not when the news is only a lost node (lease faults): that is the same incident seen late
-    # (its survivors crash at once, its lease expires ~2 s later), and one incident spends one
-    # unit of the budget, whatever the rounds it takes.
+    # Not when the news shows a lost node (lease faults): that is the same incident seen late
+    # (its survivors crash at once, its lease expires ~2 s later, and a plain script's restarted
+    # survivors may crash again meanwhile), and one incident spends one unit of the budget,
+    # whatever the rounds it takes.
     interrupted: list[Effect] = (
         [RecordOutcome(rec.strategy, rec.fault_ranks, ok=False)]
-        if rec.phase is Phase.RECOVERING and not all(f.source == "lease" for f in news)
+        if rec.phase is Phase.RECOVERING and not any(f.source == "lease" for f in news)
         else []
     )
     return new, [

@@ -32,7 +32,13 @@ WORKER = str(ROOT / "examples" / "worker.py")
 #: The harness's rank programs whose ranks never talk to each other (ADR 0041): an agent running
 #: them says --independent-ranks, so that one is restarted alone as the tests expect.
 INDEPENDENT_RANKS = frozenset(
-    {WORKER, str(Path(__file__).with_name("warm_rank.py")), str(Path(__file__).with_name("tls_rank.py")), "sleep"}
+    {
+        WORKER,
+        str(ROOT / "examples" / "client_worker.py"),  # its clients report; its ranks do not talk
+        str(Path(__file__).with_name("warm_rank.py")),
+        str(Path(__file__).with_name("tls_rank.py")),
+        "sleep",
+    }
 )
 
 FAST_COORDINATOR = [

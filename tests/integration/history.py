@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
+from recoverd.keys import RunRef
 from recoverd.store import Store, WatchEvent
 
 from .cluster import Cluster
@@ -34,6 +35,22 @@ def writes_between(cluster: Cluster, prefix: str, start: int, end: int) -> list[
         return out
 
     return cluster._run(replay)  # type: ignore[no-any-return]
+
+
+def run_writes_between(cluster: Cluster, run: RunRef, start: int, end: int) -> list[WatchEvent]:
+    """Every write of one run in revisions ``start..end``: its records and its inbox (what its
+    ranks and agents report: clients, faults, reports; docs/keyspace.md), in revision order."""
+    events = writes_between(cluster, cluster.keys.run_prefix(run), start, end)
+    events += writes_between(cluster, cluster.keys.run_inbox_prefix(run), start, end)
+    return sorted(events, key=lambda e: e.mod_revision)
+
+
+def record_kind(cluster: Cluster, run: RunRef, key: str) -> str:
+    """``reports``, ``acks``, ``ranks``, ... : the kind of one of the run's keys, inbox or not."""
+    for prefix in (cluster.keys.run_inbox_prefix(run), cluster.keys.run_prefix(run)):
+        if key.startswith(prefix):
+            return key.removeprefix(prefix).split("/")[0]
+    return ""
 
 
 def report_writes(events: list[WatchEvent], reports_prefix: str) -> Counter[str]:

@@ -20,7 +20,7 @@ from recoverd.records import pb
 
 from . import cluster as harness
 from .cluster import ROOT, Cluster
-from .history import report_writes, writes_between
+from .history import report_writes, run_writes_between
 
 pytest.importorskip("torch", reason="PyTorch is not installed (pip install -r requirements-torch.txt)")
 
@@ -127,7 +127,7 @@ def test_the_world_shrinks_to_two_ranks_and_grows_back_to_four(cluster: Cluster,
         # downgrade; the spare's START_RANKS' ack the upgrade).
         assert view.run is not None
         run = view.run
-        history = writes_between(cluster, cluster.keys.run_prefix(run), start, view.revision)
+        history = run_writes_between(cluster, run, start, view.revision)
         assert report_writes(history, cluster.keys.reports_prefix(run)) == Counter(
             {"agent.node-a/stop_complete": 1, "agent.node-a/recover_status": 2, "agent.node-b/stop_complete": 1}
         )

@@ -19,7 +19,7 @@ from recoverd.keys import RunRef
 from recoverd.records import pb
 
 from .cluster import Cluster
-from .history import report_writes, writes_between
+from .history import report_writes, run_writes_between
 from .test_pytorch_elastic import START_S, _elastic_worker, _log  # noqa: F401  (_elastic_worker: an autouse fixture)
 
 pytest.importorskip("torch", reason="PyTorch is not installed (pip install -r requirements-torch.txt)")
@@ -80,7 +80,7 @@ def test_a_dump_through_the_agents_saves_every_rank_and_the_job_resumes_from_it(
     assert all(after[r].pid != before[r].pid and after[r].restart_count == 1 for r in range(4)), "every rank restarted"
 
     # One report per node per phase: each agent stop-complete once and the dump's status once.
-    reports = report_writes(writes_between(cluster, cluster.keys.run_prefix(run), start, view.revision),
+    reports = report_writes(run_writes_between(cluster, run, start, view.revision),
                             cluster.keys.reports_prefix(run))  # fmt: skip
     assert reports == Counter(
         {f"agent.{n}/{kind}": 1 for n in nodes for kind in ("stop_complete", "recover_status")}

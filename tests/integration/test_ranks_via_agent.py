@@ -23,7 +23,7 @@ from recoverd.rankwire import address_for, encode_join, sockaddr
 from recoverd.records import pb
 
 from .cluster import Cluster
-from .history import report_writes, writes_between
+from .history import record_kind, report_writes, run_writes_between
 from .test_agent_restart import _reap_orphans
 
 pytestmark = pytest.mark.etcd
@@ -94,14 +94,13 @@ def test_writes_per_recovery_follow_nodes_not_ranks(cluster: Cluster, tmp_path: 
         view = cluster.view(job)
         assert [(o.strategy, o.ok) for o in view.history.outcomes] == [("dump", True), ("exit", True)]  # type: ignore[union-attr]
         run = _run(cluster, job)
-        events = writes_between(cluster, cluster.keys.run_prefix(run), start, view.revision)
+        events = run_writes_between(cluster, run, start, view.revision)
         reports = report_writes(events, cluster.keys.reports_prefix(run))
         assert reports == Counter({f"agent.{n}/{k}": 1 for n in NODES for k in ("stop_complete", "recover_status")})
         # Every live rank saved, none twice; the victim could not.
         saved = sorted(p.name.split(".")[0] for p in (tmp_path / job).glob("rank*"))
         assert saved == [f"rank{r}" for r in range(2 * nproc) if r != victim]
-        prefix = cluster.keys.run_prefix(run)
-        writes[nproc] = Counter(e.key.removeprefix(prefix).split("/")[0] for e in events if not e.is_delete)
+        writes[nproc] = Counter(record_kind(cluster, run, e.key) for e in events if not e.is_delete)
         revisions[nproc] = len({e.mod_revision for e in events})
         _finish(cluster, job, tmp_path)
     print("keys written under the run per recovery, by ranks per node:", writes, "transactions:", revisions)
@@ -147,9 +146,7 @@ def test_recover_in_place_still_works_and_every_node_confirms_the_stop(cluster: 
     assert view.recovery is not None and view.recovery.strategy == "recover-in-place"
     after = cluster.ranks(job)
     assert after[3].pid != before[3].pid and all(after[r].pid == before[r].pid for r in (0, 1, 2))
-    reports = report_writes(
-        writes_between(cluster, cluster.keys.run_prefix(run), start, view.revision), cluster.keys.reports_prefix(run)
-    )
+    reports = report_writes(run_writes_between(cluster, run, start, view.revision), cluster.keys.reports_prefix(run))
     assert reports == Counter({f"agent.{n}/stop_complete": 1 for n in NODES}), reports
     # Every surviving rank was asked to stop (and answered): the agents relayed the stop.
     for r in (0, 1, 2):

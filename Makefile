@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 ## etcd, so two workers halve the wall time even on two cores. PYTEST_WORKERS=0 runs them in one.
 PYTEST_WORKERS ?= 2
 
-.PHONY: all venv torch demo-torch bench bench-hangs bench-node-loss bench-scale bench-tls bench-ddp proto demo test test-unit chaos lint format typecheck clean fresh-clone-test msrun-venv test-msrun
+.PHONY: test-slow all venv torch demo-torch bench bench-hangs bench-node-loss bench-scale bench-tls bench-ddp proto demo test test-unit chaos lint format typecheck clean fresh-clone-test msrun-venv test-msrun
 
 all: test
 
@@ -76,9 +76,14 @@ bench-ddp: $(TORCH_STAMP)
 bench-tls: $(STAMP)
 	$(PY) bench/tls.py $(TLS_ARGS)
 
-## Lint, type-check, then every test (unit and end-to-end against a throwaway etcd).
+## Lint, type-check, then every test (unit and end-to-end against a throwaway etcd) but the slow ones.
 test: $(STAMP) $(TORCH_STAMP) lint typecheck
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
+
+## The end-to-end tests of a minute or more each (node replacement with torch ranks, elastic 4 -> 2 -> 4;
+## ~4 min); .ci/run runs them after make test.
+test-slow: $(STAMP) $(TORCH_STAMP)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m slow $(PYTEST_ARGS)
 
 ## One recovery at 64..1,024 simulated nodes (the real agent code, in-memory ranks) against a real etcd:
 ## rank kill, node loss, exit; 20 jobs on one control plane; 64 real agents (~30 min; docs/scale.md).

@@ -196,6 +196,7 @@ def test_a_plain_scripts_lost_node_moves_to_a_standing_spare(cluster: Cluster) -
     assert not any(e.reason == "replacement_wait" for e in cluster.events(job))
 
 
+@pytest.mark.slow
 def test_no_replacement_within_the_wait_fails_the_job_saying_why(cluster: Cluster, tmp_path: Path) -> None:
     """The wait is bounded (the policy's deadlines.replacement): with nobody coming, the job fails
     at its end, not at an `exit` that waits for the dead agent."""
@@ -243,6 +244,7 @@ def _torch_log(cluster: Cluster, job: str, node: str, rank: int) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)  # four torch ranks start twice on 2 shared cores
 @pytest.mark.parametrize("delay_s", [REPLACEMENT_DELAY_S])
 def test_a_plain_ddp_script_restarts_on_the_new_set_of_nodes(cluster: Cluster, delay_s: float) -> None:
@@ -270,6 +272,7 @@ def test_a_plain_ddp_script_restarts_on_the_new_set_of_nodes(cluster: Cluster, d
     assert all(f"rank {r} final sha256" in text for r, text in finals.items()), finals
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)  # four torch ranks and two more on the replacement, on 2 shared cores
 @pytest.mark.parametrize("delay_s", [REPLACEMENT_DELAY_S])
 def test_resilient_trainer_survivors_keep_their_pids_and_take_the_new_ranks_in(
@@ -306,6 +309,7 @@ def test_resilient_trainer_survivors_keep_their_pids_and_take_the_new_ranks_in(
 ELASTIC = str(ROOT / "examples" / "elastic_train.py")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)  # four torch ranks and two more on the replacement, on 2 shared cores
 @pytest.mark.parametrize("delay_s", [REPLACEMENT_DELAY_S])
 def test_a_trainer_with_recoverds_protocol_takes_the_replacement_in(cluster: Cluster, delay_s: float) -> None:

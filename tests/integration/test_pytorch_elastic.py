@@ -72,6 +72,7 @@ def _agents_answer_for_their_ranks(cluster: Cluster, job: str, nodes: tuple[str,
 
 # Through rank 0's relay client (docs/adr/0032), and through the node agents, every rank
 # answering its own (docs/adr/0036).
+@pytest.mark.slow
 @pytest.mark.parametrize("via_agent", [False, True], ids=["relay", "via-agent"])
 def test_the_world_shrinks_to_two_ranks_and_grows_back_to_four(cluster: Cluster, via_agent: bool) -> None:
     job = f"job-torch-elastic{'-agent' if via_agent else ''}"

@@ -15,9 +15,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
+
+import pytest
 
 from recoverd.etcd_security import EtcdSecurity
 from recoverd.jobview import JobView, read_job
@@ -50,6 +52,19 @@ FAST_COORDINATOR = [
     "--coordinator-lease-ttl", "1",
 ]  # fmt: skip
 FAST_AGENT = ["--agent-lease-ttl", "1", "--stop-grace", "1"]
+
+
+@contextlib.contextmanager
+def owned(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """A fixture's cluster: closed at the end (every process stopped and reaped), its services'
+    logs printed when the test failed."""
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+        report = getattr(request.node, "rep_call", None)
+        if report is not None and report.failed:
+            print(cluster.logs())
 
 
 class Cluster:

@@ -10,7 +10,7 @@ import pytest
 from recoverd.keys import Keyspace
 from recoverd.store import Store
 
-from .cluster import Cluster
+from .cluster import Cluster, owned
 
 
 @pytest.fixture
@@ -28,11 +28,5 @@ def keys(key_prefix: str) -> Keyspace:
 
 @pytest.fixture
 def cluster(etcd_endpoint: str, key_prefix: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    c = Cluster(etcd_endpoint, key_prefix, tmp_path)
-    try:
+    with owned(Cluster(etcd_endpoint, key_prefix, tmp_path), request) as c:
         yield c
-    finally:
-        c.close()
-        report = getattr(request.node, "rep_call", None)
-        if report is not None and report.failed:
-            print(c.logs())

@@ -30,7 +30,7 @@ from recoverd.keys import Keyspace, RunRef
 from recoverd.records import decode, pb, ts_to_s
 from recoverd.store import Resync, Store, TxnResult
 
-from .cluster import Cluster
+from .cluster import Cluster, owned
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -70,14 +70,8 @@ class _Observer(Cluster):
 def services(
     etcd_cluster: EmbeddedEtcdCluster, key_prefix: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[Cluster]:
-    c = _Observer(etcd_cluster.endpoints, key_prefix, tmp_path)
-    try:
+    with owned(_Observer(etcd_cluster.endpoints, key_prefix, tmp_path), request) as c:
         yield c
-    finally:
-        c.close()
-        report = getattr(request.node, "rep_call", None)
-        if report is not None and report.failed:
-            print(c.logs())
 
 
 def _start(c: Cluster) -> dict[int, pb.RankStatus]:

@@ -94,6 +94,20 @@ def _wait_then_replace(cluster: Cluster, job: str, delay_s: float, **agent: obje
     cluster.agent(job, "node-c", nproc=2, nnodes=2, node_rank=1, **agent)  # type: ignore[arg-type]
 
 
+def _replace_node_b_and_finish(
+    cluster: Cluster, job: str, before: dict[int, pb.RankStatus], delay_s: float, **agent: object
+) -> None:
+    """Lose node-b, replace it after ``delay_s`` (``agent``: node-c's options) and wait for both
+    agents to end the job with 0; node-b's processes are reaped whatever happens."""
+    pids = _lose_node_b(cluster, before)
+    try:
+        _wait_then_replace(cluster, job, delay_s, **agent)
+        assert cluster.wait_exit("agent-node-a", timeout=180 + delay_s) == 0, cluster.logs()
+        assert cluster.wait_exit("agent-node-c", timeout=60) == 0, cluster.logs()
+    finally:
+        _reap(pids)
+
+
 def _print_timeline(cluster: Cluster, job: str, what: str) -> None:
     """Measured, not asserted: when the recovery opened, waited, decided and ended (event times)."""
     first: dict[str, float] = {}
@@ -259,13 +273,7 @@ def test_a_plain_ddp_script_restarts_on_the_new_set_of_nodes(cluster: Cluster, d
     _two_nodes(cluster, job, strategies=None, command=command)
     before = cluster.wait_running(job, 4, timeout=120)
     cluster.wait_for("step 20", lambda: "rank 3 step 20 done" in _torch_log(cluster, job, "node-b", 3), timeout=120)
-    pids = _lose_node_b(cluster, before)
-    try:
-        _wait_then_replace(cluster, job, delay_s, command=command)
-        assert cluster.wait_exit("agent-node-a", timeout=180 + delay_s) == 0, cluster.logs()
-        assert cluster.wait_exit("agent-node-c", timeout=60) == 0, cluster.logs()
-    finally:
-        _reap(pids)
+    _replace_node_b_and_finish(cluster, job, before, delay_s, command=command)
     _print_timeline(cluster, job, f"plain_ddp.py, exit, replacement after {delay_s:g}s")
     assert _outcomes(cluster, job) == [("exit", True)]
     finals = {r: _torch_log(cluster, job, "node-a" if r < 2 else "node-c", r) for r in range(4)}
@@ -289,13 +297,7 @@ def test_resilient_trainer_survivors_keep_their_pids_and_take_the_new_ranks_in(
     _two_nodes(cluster, job, strategies=strategies, command=command)
     before = cluster.wait_running(job, 4, timeout=120)
     cluster.wait_for("step 20", lambda: "rank 3 step 20 done" in _torch_log(cluster, job, "node-b", 3), timeout=120)
-    pids = _lose_node_b(cluster, before)
-    try:
-        _wait_then_replace(cluster, job, delay_s, strategies=strategies, command=command)
-        assert cluster.wait_exit("agent-node-a", timeout=180 + delay_s) == 0, cluster.logs()
-        assert cluster.wait_exit("agent-node-c", timeout=60) == 0, cluster.logs()
-    finally:
-        _reap(pids)
+    _replace_node_b_and_finish(cluster, job, before, delay_s, strategies=strategies, command=command)
     _print_timeline(cluster, job, f"ResilientTrainer, recover, replacement after {delay_s:g}s")
     assert _outcomes(cluster, job) == [("recover", True)]
     after = cluster.ranks(job)
@@ -325,13 +327,7 @@ def test_a_trainer_with_recoverds_protocol_takes_the_replacement_in(cluster: Clu
     before = cluster.wait_running(job, 4, timeout=120)
     cluster.wait_for("rank 0 to register as the job's client", lambda: cluster.view(job).clients, timeout=120)
     cluster.wait_for("step 20", lambda: "rank 3 step 20 done" in _torch_log(cluster, job, "node-b", 3), timeout=120)
-    pids = _lose_node_b(cluster, before)
-    try:
-        _wait_then_replace(cluster, job, delay_s, strategies=strategies, command=command)
-        assert cluster.wait_exit("agent-node-a", timeout=180 + delay_s) == 0, cluster.logs()
-        assert cluster.wait_exit("agent-node-c", timeout=60) == 0, cluster.logs()
-    finally:
-        _reap(pids)
+    _replace_node_b_and_finish(cluster, job, before, delay_s, strategies=strategies, command=command)
     _print_timeline(cluster, job, f"elastic_train.py (relay client), recover, replacement after {delay_s:g}s")
     assert _outcomes(cluster, job) == [("recover", True)]
     after = cluster.ranks(job)

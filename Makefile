@@ -100,7 +100,7 @@ bench-scale: $(STAMP)
 CHAOS_ARGS ?=
 chaos: $(STAMP)
 	$(PY) -m tests.chaos.run $(CHAOS_ARGS)
-	RECOVERD_TEST_LONG_STALL=1 $(PY) -m pytest -q -n 0 -s tests/integration/test_etcd_cluster.py
+	$(PY) -m pytest -q -n 0 -s tests/integration/test_etcd_cluster.py
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)

@@ -845,6 +845,11 @@ class Store:
 
         return await self._unary(method, call)
 
+    async def status(self) -> Any:
+        """The connected member's own Status (version, leader, revision): answered by the member,
+        no consensus, no permission needed."""
+        return await self._status()
+
     async def _status(self) -> Any:
         return await self._unary(
             "status",

@@ -76,6 +76,7 @@ def _coordinator_settings(args: argparse.Namespace) -> CoordinatorSettings:
         lease_ttl_s=args.coordinator_lease_ttl,
         event_cap=args.event_cap,
         retention_s=args.retention,
+        etcd_trouble_grace_s=args.etcd_trouble_grace,
     )
 
 

@@ -116,6 +116,14 @@ def add_timeouts(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--event-cap", type=positive(int), default=1000, help="events kept per run (%(default)s)")
     group.add_argument(
+        "--etcd-trouble-grace",
+        type=non_negative(float),
+        default=5.0,
+        help="a node whose lease expires within this long of trouble in etcd (a hung or leaderless member,"
+        " a leader change) is held as live this long for its agent to register again; 0: never"
+        " (%(default)s; docs/adr/0045)",
+    )
+    group.add_argument(
         "--retention",
         type=positive(float),
         default=3600.0,

@@ -74,6 +74,12 @@ def _recovery_brief(rec: pb.Recovery) -> dict[str, Any]:
     }
 
 
+def _absent_state(view: JobView, node: str) -> str:
+    """The state of a running rank whose node's agent is not registered: HELD while the
+    coordinator holds the node after trouble in etcd (docs/adr/0045), else LOST."""
+    return "HELD" if view.recovery is not None and node in view.recovery.held_nodes else "LOST"
+
+
 def status_dict(view: JobView) -> dict[str, Any]:
     """One job in full: its ranks, nodes and current recovery, as of ``revision`` (the etcd
     revision read; ``status --watch`` prints one per change)."""
@@ -100,8 +106,9 @@ def status_dict(view: JobView) -> dict[str, Any]:
                 "rank": r.rank,
                 "node": r.node,
                 "pid": r.pid,
-                # A lost node's table keeps its last state: its running ranks are not running.
-                "state": "LOST"
+                # A lost node's table keeps its last state: its running ranks are not running
+                # (HELD while the coordinator waits for its agent after etcd trouble: ADR 0045).
+                "state": _absent_state(view, r.node)
                 if r.node not in view.nodes and r.state in (pb.RANK_RUNNING, pb.RANK_PENDING)
                 else enum_name(pb.RankState, r.state, "RANK_"),
                 "restarts": r.restart_count,

@@ -75,6 +75,7 @@ def recovery_from_pb(msg: pb.Recovery) -> Recovery:
         command_nodes=frozenset(msg.command_nodes),
         job_nodes=tuple(msg.job_nodes),
         isolated=tuple((p.rank, p.node) for p in msg.isolated),
+        held_nodes=frozenset(msg.held_nodes),
         outcome=msg.outcome,
         phase_log=tuple((_phase_from_pb(e.phase), ts_to_s(e.at), e.epoch) for e in msg.phase_log),
     )
@@ -102,6 +103,7 @@ def recovery_to_pb(rec: Recovery, uuid: str = "") -> pb.Recovery:
         command_nodes=sorted(rec.command_nodes),
         job_nodes=list(rec.job_nodes),
         isolated=[pb.RankPlace(rank=r, node=n) for r, n in rec.isolated],
+        held_nodes=sorted(rec.held_nodes),
         outcome=rec.outcome,
         recovery_id=rec.recovery_id,
         phase_log=phase_log_to_pb(rec),

@@ -27,6 +27,7 @@ what it holds. ``now`` is given; the clock is read only to mint a uuid.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import time
 
@@ -101,6 +102,9 @@ class Fold:
         self.is_rebuilt = False
         self.effects: list[Effect] = []
         self.timeouts = job_timeouts(view.spec.policy, settings.timeouts)
+        #: Nodes the shell holds as live while etcd was in trouble (``leasehold.py``): in the view
+        #: already; recorded in the recovery for the selector.
+        self.held_nodes: frozenset[str] = frozenset()
 
     # ---------------------------------------------------------------- recording
     def note(
@@ -194,6 +198,8 @@ class Fold:
             self.apply(CapacityReturned(layout))
         self._implied_answers()
         self._job_end()
+        if self.rec.held_nodes != self.held_nodes:
+            self.rec = dataclasses.replace(self.rec, held_nodes=self.held_nodes)
 
     def write(self) -> None:
         """The pass's writes: the recovery record if it changed (a new uuid and the old epoch's

@@ -147,6 +147,9 @@ class Recovery:
     isolated: tuple[tuple[int, str], ...] = ()
     outcome: str = ""
     phase_log: tuple[tuple[Phase, float, int], ...] = field(default=())
+    #: Nodes whose lease expired while etcd was in trouble, held as live by the shell for a grace
+    #: (``leasehold.py``, docs/adr/0045); recorded for the selector, never read by ``step``.
+    held_nodes: frozenset[str] = frozenset()
 
     @property
     def fault_ranks(self) -> tuple[int, ...]:

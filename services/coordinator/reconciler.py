@@ -6,7 +6,8 @@ of one revision and runs one pass:
 
 1. view the job from the watch-fed cache (``JobController.view``; decoded once per changed key, and
    never older than this coordinator's own last write to it: docs/adr/0029);
-2. screen bad keys (``badkeys.py``) and remove an earlier run's leftovers;
+2. screen bad keys (``badkeys.py``) and remove an earlier run's leftovers; hold as live the nodes
+   whose lease expired while etcd was in trouble (``leasehold.py``, docs/adr/0045);
 3. a finished job: remove it whole once its retention has passed, else wait for that;
 4. otherwise turn the read into state-machine inputs and fold them through
    :func:`recovery.step` (``fold.py``, from ``observe.py``), and build the writes: the new
@@ -38,10 +39,12 @@ from recoverd.coordinator.badkeys import BadKeys
 from recoverd.coordinator.commit import commit
 from recoverd.coordinator.fold import Fold
 from recoverd.coordinator.leadership import Leadership, raise_expected_end, raise_when_lost
+from recoverd.coordinator.leasehold import LeaseHold
 from recoverd.coordinator.observe import finished_at
 from recoverd.coordinator.settings import CoordinatorSettings
 from recoverd.coordinator.writes import job_removal_ops
 from recoverd.errors import FenceLost
+from recoverd.etcd_health import EtcdHealth
 from recoverd.jobview import DecodeMemo, JobView
 from recoverd.keys import Keyspace
 from recoverd.store import Op, Put, Store
@@ -60,6 +63,9 @@ class Coordinator:
         self.settings = settings or CoordinatorSettings()
         self.leadership = Leadership(store, keys, self.settings.lease_ttl_s)
         self._bad_keys = BadKeys(self.settings)
+        #: Whether etcd itself was in trouble lately, and the nodes held because of it (ADR 0045).
+        self.etcd_health = EtcdHealth(store)
+        self._hold = LeaseHold(self.settings.etcd_trouble_grace_s)
         #: Decoded records, kept across terms: a re-elected coordinator does not decode 4,000 again.
         self._memo = DecodeMemo()
         self._jobs = self._controller()
@@ -72,8 +78,12 @@ class Coordinator:
 
     # ---------------------------------------------------------------- leadership
     async def run(self) -> None:
-        """Campaign for the leader key; while leader, reconcile; on losing it, campaign again."""
-        await self.leadership.run(self._lead)
+        """Campaign for the leader key; while leader, reconcile; on losing it, campaign again.
+        etcd's health is watched throughout (a standby's view is ready when it takes over)."""
+        async with supervised_group() as group:
+            if self.settings.etcd_trouble_grace_s > 0:
+                group.create_task(self.etcd_health.run(), name="coordinator-etcd-health")
+            group.create_task(self.leadership.run(self._lead), name="coordinator-leadership")
 
     async def _lead(self, lease_lost: asyncio.Event) -> None:
         """One term: enqueue every job once, then watch ``jobs/`` and the leader key and work the
@@ -106,9 +116,21 @@ class Coordinator:
             if view.spec_error:
                 self._bad_keys.warn_once(view.bad[0].key, view.bad[0].mod_revision, f"job {job}: {view.spec_error}")
             return
+        held = self._hold.apply(view, now, self.etcd_health.last)
         fold = Fold(self.keys, view, now, self.settings)
         for delay in self._bad_keys.screen(fold):
             self._jobs.queue.add_after(job, delay)
+        fold.held_nodes = held.nodes
+        for node, trouble in held.new:
+            fold.note(
+                "node_held",
+                f"node {node}'s lease expired while etcd was in trouble ({trouble}): held as live for"
+                f" {self.settings.etcd_trouble_grace_s:g}s for its agent to register again",
+                node=node,
+            )
+            log.warning("job %s: node %s vanished while etcd was in trouble (%s): held", job, node, trouble)
+        if held.wake_after_s is not None:
+            self._jobs.queue.add_after(job, held.wake_after_s)
         fold.remove_other_runs()
         finished = finished_at(view)
         if finished is not None:

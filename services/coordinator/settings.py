@@ -37,3 +37,7 @@ class CoordinatorSettings:
     #: How long a node record overwritten without its lease (its rank table still there) counts as
     #: its live node, for its agent to write it again, before it is removed.
     clobbered_node_grace_s: float = 10.0
+    #: How long a node whose lease expired within this long of trouble in etcd (a hung or
+    #: leaderless member, a leader change) is held as live for its agent to register again
+    #: (docs/adr/0045); 0: never held.
+    etcd_trouble_grace_s: float = 5.0

@@ -205,7 +205,9 @@ class StrategyService:
             now,
             rank0_node,
             ordered_spares(view),
-            frozenset(view.nodes),
+            # A node the coordinator holds (its lease expired while etcd was in trouble: ADR 0045)
+            # is live: its agent is registering again.
+            frozenset(view.nodes) | frozenset(recovery.held_nodes),
             plain,
         )
         decision = choose(request)

@@ -17,7 +17,7 @@ from recoverd.cli import completion, plot
 from recoverd.cli.ctl import build_parser
 from recoverd.cli.follow import follow_events
 from recoverd.cli.reads import UnknownJob
-from recoverd.cli.render import format_jobs, job_row
+from recoverd.cli.render import format_jobs, job_row, status_dict
 from recoverd.cli.timeline import timeline_dict, unavailable
 from recoverd.cli.watchview import frame, watch_status
 from recoverd.jobview import JobView
@@ -346,3 +346,16 @@ def test_completion_commands_need_no_etcd(capsys: pytest.CaptureFixture[str], mo
     assert capsys.readouterr().out.endswith("complete -o filenames -F _recoverd recoverd\n")
     help_text = build_parser().format_help()
     assert all(word in help_text for word in ("jobs", "completion", "status", "events", "timeline"))
+
+
+def test_status_shows_a_held_node_s_ranks_held_and_a_lost_one_s_lost() -> None:
+    """A node the coordinator holds after trouble in etcd (docs/adr/0045) is not lost: its ranks
+    say HELD; a node gone for good says LOST."""
+    view = JobView(revision=1)
+    view.run = RUN
+    view.spec = pb.JobSpec(name=JOB, uid=RUN.uid, world_size=2, nnodes=2, nproc_per_node=1)
+    for rank, node in enumerate(("a", "b")):
+        view.ranks[node] = pb.NodeRanks(node=node, ranks=[pb.RankStatus(rank=rank, node=node, state=pb.RANK_RUNNING)])
+    view.recovery = pb.Recovery(phase=pb.PHASE_DONE, held_nodes=["a"])
+    states = {r["node"]: r["state"] for r in status_dict(view)["ranks"]}
+    assert states == {"a": "HELD", "b": "LOST"}

@@ -370,7 +370,7 @@ class FailedStrategy(_message.Message):
     def __init__(self, strategy: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Recovery(_message.Message):
-    __slots__ = ("epoch", "uuid", "phase", "opened_at", "deadline_at", "faults", "participants", "strategy", "decision_reasons", "failed_strategies", "phase_log", "command_seq", "outcome", "recovery_id", "reported", "has_supported", "supported", "command_nodes", "job_nodes", "isolated")
+    __slots__ = ("epoch", "uuid", "phase", "opened_at", "deadline_at", "faults", "participants", "strategy", "decision_reasons", "failed_strategies", "phase_log", "command_seq", "outcome", "recovery_id", "reported", "has_supported", "supported", "command_nodes", "job_nodes", "isolated", "held_nodes")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -391,6 +391,7 @@ class Recovery(_message.Message):
     COMMAND_NODES_FIELD_NUMBER: _ClassVar[int]
     JOB_NODES_FIELD_NUMBER: _ClassVar[int]
     ISOLATED_FIELD_NUMBER: _ClassVar[int]
+    HELD_NODES_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     uuid: str
     phase: Phase
@@ -411,7 +412,8 @@ class Recovery(_message.Message):
     command_nodes: _containers.RepeatedScalarFieldContainer[str]
     job_nodes: _containers.RepeatedScalarFieldContainer[str]
     isolated: _containers.RepeatedCompositeFieldContainer[RankPlace]
-    def __init__(self, epoch: _Optional[int] = ..., uuid: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., opened_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deadline_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., faults: _Optional[_Iterable[_Union[Fault, _Mapping]]] = ..., participants: _Optional[_Iterable[str]] = ..., strategy: _Optional[str] = ..., decision_reasons: _Optional[_Iterable[str]] = ..., failed_strategies: _Optional[_Iterable[_Union[FailedStrategy, _Mapping]]] = ..., phase_log: _Optional[_Iterable[_Union[PhaseEntry, _Mapping]]] = ..., command_seq: _Optional[int] = ..., outcome: _Optional[str] = ..., recovery_id: _Optional[int] = ..., reported: _Optional[_Iterable[str]] = ..., has_supported: _Optional[bool] = ..., supported: _Optional[_Iterable[str]] = ..., command_nodes: _Optional[_Iterable[str]] = ..., job_nodes: _Optional[_Iterable[str]] = ..., isolated: _Optional[_Iterable[_Union[RankPlace, _Mapping]]] = ...) -> None: ...
+    held_nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, epoch: _Optional[int] = ..., uuid: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., opened_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deadline_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., faults: _Optional[_Iterable[_Union[Fault, _Mapping]]] = ..., participants: _Optional[_Iterable[str]] = ..., strategy: _Optional[str] = ..., decision_reasons: _Optional[_Iterable[str]] = ..., failed_strategies: _Optional[_Iterable[_Union[FailedStrategy, _Mapping]]] = ..., phase_log: _Optional[_Iterable[_Union[PhaseEntry, _Mapping]]] = ..., command_seq: _Optional[int] = ..., outcome: _Optional[str] = ..., recovery_id: _Optional[int] = ..., reported: _Optional[_Iterable[str]] = ..., has_supported: _Optional[bool] = ..., supported: _Optional[_Iterable[str]] = ..., command_nodes: _Optional[_Iterable[str]] = ..., job_nodes: _Optional[_Iterable[str]] = ..., isolated: _Optional[_Iterable[_Union[RankPlace, _Mapping]]] = ..., held_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RankPlace(_message.Message):
     __slots__ = ("rank", "node")

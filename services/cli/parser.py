@@ -195,6 +195,13 @@ def add_job(parser: argparse.ArgumentParser, *, job_required: bool) -> None:
         help="SIGTERM to SIGKILL grace when stopping ranks (%(default)s s)",
     )
     parser.add_argument(
+        "--crash-backoff-max",
+        type=non_negative(float),
+        default=30.0,
+        help="a rank that fails within 10 s of its start twice or more in a row is started again after"
+        " 1 s, doubling each time, at most this long (%(default)s s; 0: at once; docs/adr/0046)",
+    )
+    parser.add_argument(
         "--warm-spares",
         type=non_negative(int),
         default=0,

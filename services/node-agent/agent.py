@@ -47,6 +47,7 @@ import psutil
 from recoverd import events, metrics, participants, rankwire, resetjson
 from recoverd.agent import resetfile
 from recoverd.agent.aggregate import declaration
+from recoverd.agent.crashloop import CrashLoop
 from recoverd.agent.detectors import (
     DETECTORS,
     Detected,
@@ -217,6 +218,8 @@ class NodeAgent:
         self._exits = exits
         #: The ranks' recovery clients that joined through this node's socket (None: not serving).
         self.rank_clients: RankClients | None = None
+        #: Ranks failing right after their start are started later each time (docs/adr/0046).
+        self._crash_loop = CrashLoop(max_s=settings.crash_backoff_max_s)
 
     @property
     def slots(self) -> dict[int, RankSlot]:
@@ -671,6 +674,7 @@ class NodeAgent:
                       slot.proc.pid)  # fmt: skip
             return
         slot.generation = generation
+        wait = self._crash_loop.starting(slot.rank)
         launch = RankLaunch(
             rank=slot.rank,
             argv=self.settings.argv,
@@ -679,10 +683,19 @@ class NodeAgent:
             log_path=self._log_path(slot.rank),
             header=f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} rank {slot.rank} {header}"
             f" generation {generation} restart {slot.restart_count}",
+            start_delay_s=wait,
         )
+        if wait:
+            self.note(
+                "crash_loop_backoff",
+                f"rank {slot.rank} failed within {self._crash_loop.early_s:g}s of its start"
+                f" {self._crash_loop.streak(slot.rank)} times in a row: its command runs in {wait:g}s",
+                rank=slot.rank,
+            )
         try:
-            spare = self._warm.take(launch) if spares else None
-            slot.proc = spare or self._warm_started(launch) or self._launcher.start(launch)
+            # A waiting start is a plain one: a warm spare or a fork would run at once.
+            spare = self._warm.take(launch) if spares and not wait else None
+            slot.proc = spare or (None if wait else self._warm_started(launch)) or self._launcher.start(launch)
         except LaunchFailed as err:
             log.error("%s", err)
             slot.proc = None
@@ -750,6 +763,7 @@ class NodeAgent:
         slot.exit_code = info.exit_code if info.exit_code is not None else 0
         slot.signal = info.signal or 0
         self.detectors.rank_ended(slot)
+        self._crash_loop.ended(slot.rank, time.time() - proc.started_at, failed=not (slot.is_stopping or info.ok))
         if slot.is_stopping:
             slot.state = pb.RANK_STOPPED
         elif info.ok:

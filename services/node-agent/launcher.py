@@ -70,6 +70,10 @@ class RankLaunch:
     cwd: str | None = None
     log_path: str | None = None
     header: str = ""
+    #: Seconds the process waits before it runs ``argv`` (crash-loop backoff: ``crashloop.py``). It
+    #: is started at once, so it is the rank's process from the start (stopped, killed and reaped
+    #: as any other), and only then sleeps and execs the command in place (same pid).
+    start_delay_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +239,14 @@ def spawn_in_session(
     return popen
 
 
+def _delayed(launch: RankLaunch) -> list[str]:
+    """The command line that runs ``launch.argv`` after its start delay: a shell that sleeps,
+    then execs the command in its own place (the pid the agent holds stays the rank's)."""
+    if launch.start_delay_s <= 0:
+        return list(launch.argv)
+    return ["/bin/sh", "-c", 'sleep "$0" && exec "$@"', f"{launch.start_delay_s:g}", *launch.argv]
+
+
 class Launcher:
     """Owns the rank processes of one agent. ``on_exit(proc, info)`` is called once per exit."""
 
@@ -276,7 +288,7 @@ class Launcher:
             env[SPARE_FD_ENV] = str(read_fd)
         try:
             log_file = open_rank_log(launch)
-            popen = spawn_in_session(list(launch.argv), env, launch.cwd, log_file, (read_fd,) if spare else ())
+            popen = spawn_in_session(_delayed(launch), env, launch.cwd, log_file, (read_fd,) if spare else ())
         except OSError as err:
             if spare:
                 os.close(write_fd)

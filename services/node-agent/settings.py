@@ -79,6 +79,9 @@ class AgentSettings:
     prefix: str = ""
     lease_ttl_s: float = DEFAULT_LEASE_TTL_S
     stop_grace_s: float = 5.0
+    #: The longest wait before restarting a rank that keeps failing right after its start
+    #: (crash-loop backoff, docs/adr/0046); 0: restart at once, always.
+    crash_backoff_max_s: float = 30.0
     retry_s: float = 0.1
     retry_max_s: float = 2.0
     extra_env: Mapping[str, str] = field(default_factory=dict)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -49,6 +50,28 @@ def test_recoverd_run_fails_a_crash_looping_job(tmp_path: Path) -> None:
     assert "JOB_FAILED" in proc.stderr
     # Every attempt of rank 0 is in its one log, appended with a header line each.
     assert (tmp_path / "rank0.log").read_text().count("==== ") == 3
+
+
+def test_a_crash_loop_is_spaced_out_and_its_error_shown(tmp_path: Path) -> None:
+    """A rank that fails at every start (docs/adr/0046): the first restart is immediate, the next
+    ones wait 1 s, then 2 s (``--crash-backoff-max 2``), each said once; the job still fails by its
+    budgets, and the failure shows the script's own last line. Without the backoff the three
+    restarts follow each other within about a second and nothing says so."""
+    script = "import sys; print('cannot open /data/shard-7: no such file', flush=True); sys.exit(3)"
+    started = time.monotonic()
+    proc = _recoverd(
+        "run", "--job", "spaced", "--nproc-per-node", "1", "--log-dir", str(tmp_path),
+        "--strategies", "recover-in-place,exit", "--max-rank-restarts", "2", "--max-job-restarts", "1",
+        "--crash-backoff-max", "2", "--fault-window", "0.05", "--independent-ranks", "--",
+        sys.executable, "-c", script,
+    )  # fmt: skip
+    took = time.monotonic() - started
+    assert proc.returncode == 1, proc.stderr
+    waits = re.findall(r"times in a row: its command runs in (\S+)s", proc.stderr)
+    assert waits == ["1", "2"], proc.stderr  # restart 1 at once; restart 2 after 1 s; the exit after 2 s
+    assert "cannot open /data/shard-7: no such file" in proc.stderr
+    assert (tmp_path / "rank0.log").read_text().count("==== ") == 4  # the start and three restarts
+    print(f"crash loop of 4 lives with waits {waits}: job failed after {took:.1f}s")
 
 
 def test_recoverd_up_prints_the_endpoint_and_stops_cleanly(tmp_path: Path) -> None:

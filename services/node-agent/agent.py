@@ -1168,7 +1168,6 @@ class NodeAgent:
         if self.table.ranks != held_before:
             self.membership.is_spare = self.membership.is_spare and not self.slots
             self.membership.is_record_stale = True
-        self._last_applied = (command.epoch, command.seq)
         ok = not problem and (
             all(s.state == pb.RANK_RUNNING for s in targets) or action in (pb.ACTION_STOP_ALL, pb.ACTION_RELEASE_RANKS)
         )
@@ -1203,6 +1202,10 @@ class NodeAgent:
         # table (else it would adopt against the old pids), and the ack is this node's answer to
         # the recovery (participants.agent_reports), so confirming a command is one write.
         await self.outbox.flush(also=[Put(self.keys.ack(run, self.settings.node), encode(ack))])
+        # Applied once its ack is written: an ack refused (the lease was lost and the node is
+        # registering again) or not sent is written by the next pass, which finds the ranks
+        # restarted already (generation == epoch) and restarts nothing again.
+        self._last_applied = (command.epoch, command.seq)
         if self.membership.is_record_stale:
             await self.membership.register_again()
 

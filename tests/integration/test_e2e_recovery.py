@@ -194,7 +194,8 @@ def test_crash_looping_rank_fails_the_job(cluster: Cluster) -> None:
         nproc=2,
         strategies="recover-in-place,exit",
         worker=("--steps", "600", "--fail-rank", "1"),
-        extra=("--max-rank-restarts", "2", "--max-job-restarts", "2"),
+        # The crash-loop backoff spaces the restarts (ADR 0046): 1 s at most here.
+        extra=("--max-rank-restarts", "2", "--max-job-restarts", "2", "--crash-backoff-max", "1"),
     )
     assert cluster.wait_exit("agent-node0", timeout=60) == 1
     view = cluster.view("job-loop")

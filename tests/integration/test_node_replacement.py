@@ -160,6 +160,7 @@ def test_a_lost_node_of_a_plain_script_is_replaced_and_the_job_spends_one_restar
     assert len(reasons) == 1 and "node(s) ['node-b'] lost with no spare" in reasons[0], reasons
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("delay_s", [REPLACEMENT_DELAY_S])
 def test_with_recover_allowed_the_survivors_keep_their_processes(cluster: Cluster, delay_s: float) -> None:
@@ -186,6 +187,7 @@ def test_with_recover_allowed_the_survivors_keep_their_processes(cluster: Cluste
     assert spare is None or (not spare.is_spare and spare.node_rank == 1)
 
 
+@pytest.mark.slow
 def test_a_plain_scripts_lost_node_moves_to_a_standing_spare(cluster: Cluster) -> None:
     """The default policy (`exit` only) and a `--spare`: no wait; every rank restarts, node-b's on
     the spare. Before, the `exit` waited for node-b's dead agent and the job failed."""

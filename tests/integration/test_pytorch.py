@@ -108,7 +108,9 @@ def reference_ddp(tmp_path_factory: pytest.TempPathFactory, etcd_server) -> str:
 # One run per victim, each at a random step and moment: rank 1 with the trainer's flat all-reduce,
 # rank 0 with the user's DistributedDataParallel (rebuilt on every generation). The suite's time
 # budget (6 minutes, docs/adr/0028) paid for two more of the same before.
-@pytest.mark.parametrize(("victim", "ddp"), [(1, False), (0, True)], ids=["rank1", "rank0-ddp"])
+@pytest.mark.parametrize(
+    ("victim", "ddp"), [(1, False), pytest.param(0, True, marks=pytest.mark.slow)], ids=["rank1", "rank0-ddp"]
+)
 def test_a_killed_rank_is_replaced_and_the_survivors_carry_on(
     cluster: Cluster, request: pytest.FixtureRequest, victim: int, ddp: bool
 ) -> None:
@@ -153,6 +155,7 @@ def test_a_killed_rank_is_replaced_and_the_survivors_carry_on(
     assert [(o.strategy, o.ok) for o in view.history.outcomes] == [("recover-in-place", True)]  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 # Through the agents (docs/adr/0036) recoverd decides what a RetryableFault gets: `retry` where the
 # policy allows it (no process restarts), else recover-in-place (the faulty rank, waiting for the
 # decision, is restarted and healed by its peers). Either way the model is the fault-free run's.
@@ -188,6 +191,7 @@ def test_a_retryable_fault_through_the_agents_gets_what_recoverd_decides(
     assert finals == dict.fromkeys(range(WORLD), reference), story
 
 
+@pytest.mark.slow
 def test_retry_rolls_the_step_back_in_every_rank_without_a_restart(cluster: Cluster, reference: str) -> None:
     job = "job-ddp-retry"
     cluster.coordinator()
@@ -216,6 +220,7 @@ def test_retry_rolls_the_step_back_in_every_rank_without_a_restart(cluster: Clus
     assert pb.RANK_SUCCEEDED == after[0].state
 
 
+@pytest.mark.slow
 def test_a_warm_spare_becomes_the_replacement(cluster: Cluster, reference: str) -> None:
     job = "job-ddp-warm"
     cluster.coordinator()

@@ -183,6 +183,7 @@ def test_the_world_shrinks_to_two_ranks_and_grows_back_to_four(cluster: Cluster,
     print("world changes on rank 0 (old, new, first step, ms after changeStrategy):", latencies)
 
 
+@pytest.mark.slow
 def test_a_dump_saves_every_rank_and_the_restarted_job_resumes_from_it(cluster: Cluster, tmp_path: Path) -> None:
     job = "job-torch-dump"
     dumps = tmp_path / "dumps"

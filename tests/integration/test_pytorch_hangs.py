@@ -68,6 +68,7 @@ def _done_recovery(cluster: Cluster, job: str) -> pb.Recovery:
     return cluster.wait_for("the hang's recovery to finish", done, timeout=90)
 
 
+@pytest.mark.slow
 def test_a_sigstopped_rank_blocks_its_peers_in_all_reduce_only_it_is_recovered(
     cluster: Cluster, tmp_path: Path
 ) -> None:

@@ -34,6 +34,7 @@ def _steps(text: str) -> list[int]:
     return [int(m[2]) for m in DONE.finditer(text)]
 
 
+@pytest.mark.slow
 def test_a_dump_through_the_agents_saves_every_rank_and_the_job_resumes_from_it(
     cluster: Cluster, tmp_path: Path
 ) -> None:

@@ -75,6 +75,7 @@ def _exit_done(cluster: Cluster, job: str) -> bool:
     return rec is not None and rec.strategy == "exit" and rec.phase == pb.PHASE_DONE
 
 
+@pytest.mark.slow
 def test_writes_per_recovery_follow_nodes_not_ranks(cluster: Cluster, tmp_path: Path) -> None:
     """The same dump -> exit recovery of a 2-node job with 1 and with 4 ranks per node: one report
     per node per phase, and the same writes under the run, from the fault to the recovery's end."""

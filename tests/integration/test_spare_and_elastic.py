@@ -134,6 +134,7 @@ def _rank_log(cluster: Cluster, job: str, node: str, rank: int) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
+@pytest.mark.slow
 def test_elastic_training_shrinks_the_world_then_grows_it_back(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -83,7 +83,9 @@ def test_a_restarted_rank_is_forked_from_the_warm_start_server(cluster: Cluster)
         "decimal,json",
         {"WARM_RANK_FAIL_FIRST_RESTART": "1"},
         # The first start is plain (it does not wait for the server): what a fork must look like.
-        extra=("--warm-start-wait", "0"),
+        # No crash-loop backoff (ADR 0046): the first life is killed early and the first restart
+        # fails at once, so the second restart would wait, as a plain start.
+        extra=("--warm-start-wait", "0", "--crash-backoff-max", "0"),
     )
     logs = cluster.workdir / f"logs-{JOB}-node0"
     before = cluster.wait_running(JOB, 2)

@@ -80,8 +80,9 @@ bench-tls: $(STAMP)
 test: $(STAMP) $(TORCH_STAMP) lint typecheck
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
 
-## The end-to-end tests of a minute or more each (node replacement with torch ranks, elastic 4 -> 2 -> 4;
-## ~4 min); .ci/run runs them after make test.
+## The end-to-end tests of 15 s or more on 2 cores (node replacement, elastic 4 -> 2 -> 4, 30 s etcd
+## member stalls) and the torch jobs beyond one representative each (~8 min); .ci/run runs them after
+## make test.
 test-slow: $(STAMP) $(TORCH_STAMP)
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m slow $(PYTEST_ARGS)
 

@@ -34,25 +34,29 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
 
 from recoverd import etcd_security, logs, priority, tlsdir
-from recoverd.agent.agent import AgentSettings, NodeAgent, become_subreaper
+from recoverd.agent.settings import AgentSettings
 from recoverd.aiotools import leaf_errors
 from recoverd.cli import completion
 from recoverd.cli.parser import CONFIGURABLE, build_parser, config_path_of, configured, show_config
 from recoverd.coordinator.model import Timeouts
-from recoverd.coordinator.reconciler import Coordinator
 from recoverd.coordinator.settings import CoordinatorSettings
 from recoverd.errors import ConfigError, RecoverdError
 from recoverd.etcd_security import EtcdSecurity
-from recoverd.etcd_server import EmbeddedEtcd, ServerTLS
-from recoverd.gateway import server as gateway_server
 from recoverd.keys import Keyspace, check_id
 from recoverd.metrics import Health, MetricsServer
 from recoverd.policy import load_policy
 from recoverd.records import pb
 from recoverd.store import Store, parse_endpoints
-from recoverd.strategy.service import StrategyService
+
+if TYPE_CHECKING:
+    from recoverd.etcd_server import EmbeddedEtcd
+
+# The services' own modules (the agent, the coordinator, the selector, the gateway, the embedded
+# etcd) are imported where a subcommand needs them: every process of a job starts through here, and
+# a coordinator has no use for the agent's 0.2 s of imports.
 
 __all__ = ["build_parser", "main"]
 
@@ -152,6 +156,9 @@ async def _until_signal() -> None:
 
 
 async def _serve(store: Store, keys: Keyspace, args: argparse.Namespace, *, coordinator: bool, strategy: bool) -> int:
+    from recoverd.coordinator.reconciler import Coordinator
+    from recoverd.strategy.service import StrategyService
+
     try:
         async with asyncio.TaskGroup() as group:
             if coordinator:
@@ -166,6 +173,8 @@ async def _serve(store: Store, keys: Keyspace, args: argparse.Namespace, *, coor
 
 async def _serve_gateway(store: Store, keys: Keyspace, args: argparse.Namespace) -> int:
     """Serve Recover until SIGTERM/SIGINT; leaving the gateway deregisters every client session."""
+    from recoverd.gateway import server as gateway_server
+
     async with gateway_server.Gateway(store, keys, gateway_server.settings_from_args(args)):
         with contextlib.suppress(ShutdownRequested):
             await _until_signal()
@@ -204,6 +213,8 @@ class _Etcd:
         return EtcdSecurity()
 
     async def __aenter__(self) -> str:
+        from recoverd.etcd_server import EmbeddedEtcd, ServerTLS
+
         if self.args.etcd:
             parse_endpoints(self.args.etcd)
             return str(self.args.etcd)
@@ -316,6 +327,8 @@ async def _main_async(args: argparse.Namespace) -> int:
                 if args.cmd == "gateway":
                     return await _serve_gateway(store, keys, args)
                 if settings is not None:
+                    from recoverd.agent.agent import NodeAgent, become_subreaper
+
                     logs.bind(job=settings.job, node=settings.node)
                     assert ranks is not None
                     _warn_rank_credentials(security, ranks, settings.job)
@@ -344,6 +357,10 @@ async def _main_async(args: argparse.Namespace) -> int:
             if etcd.describe():
                 print(etcd.describe(), flush=True)
             return await _serve(store, keys, args, coordinator=True, strategy=True)
+        from recoverd.agent.agent import NodeAgent, become_subreaper
+        from recoverd.coordinator.reconciler import Coordinator
+        from recoverd.strategy.service import StrategyService
+
         become_subreaper()
         settings = _agent_settings(args, endpoint, job, 1, 0)
         logs.bind(job=job, node=settings.node)

@@ -80,7 +80,10 @@ class EtcdHealth:
         self.last: Trouble | None = None
         #: The last few kinds of trouble seen, each when it began (for logs and tests).
         self.recent: deque[Trouble] = deque(maxlen=16)
-        self._members = [_Member(f"{host}:{port}") for host, port in store.endpoints]
+        # The scheme as the owner's store connects (https:// with TLS), so each member's own
+        # connection is made the same way.
+        scheme = "https://" if store.tls else "http://"
+        self._members = [_Member(f"{scheme}{host}:{port}") for host, port in store.endpoints]
         self._leader = 0
 
     def seen(self, what: str) -> None:

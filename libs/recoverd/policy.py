@@ -129,8 +129,9 @@ class JobPolicy:
     def to_pb(self, base: pb.Policy | None = None) -> pb.Policy:
         """The stored policy. ``base`` supplies what the file does not set: the strategies and the
         flag-level budgets (max_rank_restarts, max_job_restarts, restart_window_s, and the budgets
-        of recover-in-place and exit); deadlines, other budgets, spares and allow_rank0_in_place
-        come from the file alone; independent_ranks is true when either says so."""
+        of recover-in-place and exit) and the replacement wait; the other deadlines, other budgets,
+        spares and allow_rank0_in_place come from the file alone; independent_ranks is true when
+        either says so."""
         out = pb.Policy(strategies=["exit"], max_rank_restarts=3, max_job_restarts=3, restart_window_s=600.0)
         if base is not None:
             out.strategies[:] = list(base.strategies) or ["exit"]
@@ -142,6 +143,8 @@ class JobPolicy:
                     out.budgets[kept].CopyFrom(base.budgets[kept])
             if base.independent_ranks:
                 out.independent_ranks = True
+            if base.deadlines.HasField("replacement_s"):  # --replacement-wait
+                out.deadlines.replacement_s = base.deadlines.replacement_s
         if self.strategies is not None:
             out.strategies[:] = list(self.strategies)
         for name in DEADLINE_KEYS.values():

@@ -107,6 +107,8 @@ def _agent_settings(args: argparse.Namespace, etcd: str, job: str, nnodes: int, 
     )
     if args.independent_ranks:
         flags.independent_ranks = True
+    if args.replacement_wait is not None:
+        flags.deadlines.replacement_s = args.replacement_wait
     stored = policy.to_pb(flags) if policy is not None else flags
     return AgentSettings(
         job=job,
@@ -121,7 +123,9 @@ def _agent_settings(args: argparse.Namespace, etcd: str, job: str, nnodes: int, 
         max_rank_restarts=stored.max_rank_restarts,
         max_job_restarts=stored.max_job_restarts,
         restart_window_s=stored.restart_window_s,
-        policy=stored if policy is not None or stored.independent_ranks else None,
+        policy=stored
+        if policy is not None or stored.independent_ranks or stored.deadlines.HasField("replacement_s")
+        else None,
         log_dir=os.path.abspath(args.log_dir or os.path.join("recoverd-logs", job)),
         master_addr=args.master_addr,
         master_port=args.master_port,

@@ -159,6 +159,15 @@ def add_job(parser: argparse.ArgumentParser, *, job_required: bool) -> None:
         " (a lone restart would wait in init_process_group for good; docs/adr/0041)",
     )
     parser.add_argument(
+        "--replacement-wait",
+        type=non_negative(float),
+        default=None,
+        metavar="SECONDS",
+        help="how long a lost node with no spare waits for an agent to replace it (a new agent for its"
+        " node rank, e.g. a rescheduled pod) before the job fails; 0: no wait (default 120; the policy's"
+        " deadlines.replacement; docs/adr/0044)",
+    )
+    parser.add_argument(
         "--max-rank-restarts",
         type=positive(int),
         default=3,

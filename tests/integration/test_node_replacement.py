@@ -249,6 +249,16 @@ def test_an_agent_for_a_live_nodes_rank_is_still_refused(cluster: Cluster) -> No
     )
 
 
+def test_the_replacement_wait_flag_is_the_job_s_policy(cluster: Cluster) -> None:
+    """``--replacement-wait`` is what a policy file's ``deadlines.replacement`` is: stored in the
+    job's policy by the agent that creates it (the selector reads it from there)."""
+    job = "job-replace-flag"
+    cluster.agent(job, nproc=1, worker=_worker(30), extra=("--replacement-wait", "45"))
+    cluster.wait_running(job, 1)
+    spec = cluster.view(job).spec
+    assert spec is not None and spec.policy.deadlines.replacement_s == 45.0
+
+
 # ---------------------------------------------------------------- PyTorch ranks
 
 PLAIN_DDP = str(ROOT / "examples" / "plain_ddp.py")

@@ -180,6 +180,13 @@ def test_independent_ranks_from_the_file_or_the_flag() -> None:
         parse_policy("independent_ranks: 'yes'")
 
 
+def test_the_replacement_wait_from_the_flag_unless_the_file_sets_it() -> None:
+    flag = pb.Policy(deadlines=pb.PolicyDeadlines(replacement_s=30.0))
+    assert parse_policy("strategies: [exit]").to_pb(flag).deadlines.replacement_s == 30.0
+    assert parse_policy("deadlines: {replacement: 5}").to_pb(flag).deadlines.replacement_s == 5.0
+    assert parse_policy("strategies: [exit]").to_pb(pb.Policy()).deadlines.HasField("replacement_s") is False
+
+
 def test_an_independent_job_has_no_plain_nodes_for_the_selector() -> None:
     recovery = pb.Recovery(faults=[pb.Fault(rank=1, node="n0", fault_type="1")])
     plain = request_from_records(pb.JobSpec(name="j"), recovery, None, 0.0, plain_nodes=("n0",))

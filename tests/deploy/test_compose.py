@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy.commands import check_recoverd_argv
+from tests.deploy.commands import agent_identities, check_recoverd_argv, readme_auth_users, readme_issued
 from tests.deploy.manifests import DEPLOY
 from tests.deploy.schemas import compose_errors
 
@@ -20,8 +20,12 @@ RECOVERD = ("coordinator-a", "coordinator-b", "strategy", "gateway", "agent-0", 
 OWN_CERTS = {
     "etcd": {"ca.pem", "server.pem", "server-key.pem"},
     "control": {"ca.pem", "client.pem", "client-key.pem"},
-    "agent": {"ca.pem", "agent.pem", "agent-key.pem"},
+    "agent": {"ca.pem", "agent.pem", "agent-key.pem", "rank.pem", "rank-key.pem"},
 }
+#: The variables naming a recoverd service's TLS files, each of them mounted.
+TLS_VARS = ("RECOVERD_ETCD_CACERT", "RECOVERD_ETCD_CERT", "RECOVERD_ETCD_KEY")
+#: And an agent's for its ranks' certificate (--rank-etcd-cert/--rank-etcd-key).
+RANK_TLS_VARS = ("RECOVERD_RANK_ETCD_CERT", "RECOVERD_RANK_ETCD_KEY")
 
 
 @pytest.fixture(scope="module")
@@ -93,9 +97,9 @@ def test_services_and_their_references(compose: dict[str, Any]) -> None:
         service, env = services[name], _env(services[name])
         assert env["RECOVERD_ETCD"] == ",".join(f"https://{member}:2379" for member in ETCD)
         binds = _binds(service)
-        for var in ("RECOVERD_ETCD_CACERT", "RECOVERD_ETCD_CERT", "RECOVERD_ETCD_KEY"):
-            assert env[var] in binds, f"{name}: {var}={env[var]} is not mounted"
         identity = "agent" if name.startswith("agent") else "control"
+        for var in TLS_VARS + (RANK_TLS_VARS if identity == "agent" else ()):
+            assert env[var] in binds, f"{name}: {var}={env[var]} is not mounted"
         assert {Path(target).name for target in binds} == OWN_CERTS[identity], name
         assert all(services[name]["depends_on"][member]["condition"] == "service_healthy" for member in ETCD)
 
@@ -121,3 +125,29 @@ def test_recoverd_command_lines_parse(compose: dict[str, Any]) -> None:
 def _flags(command: list[str]) -> dict[str, str]:
     before = command[: command.index("--")]
     return dict(arg.split("=", 1) for arg in before if arg.startswith("--") and "=" in arg)
+
+
+def test_agents_give_their_ranks_the_jobs_client_identity(compose: dict[str, Any]) -> None:
+    """Ranks act as job demo's client user (CN recoverd-client-demo), never as its agent: each
+    agent, as recoverd resolves its flags and environment, hands its ranks a certificate of its own
+    (mounted from deploy/certs, issued by deploy/README.md with that CN, whose user the README
+    makes), and does not warn that they act as it (docs/security.md, "Ranks")."""
+    services = compose["services"]
+    issued = readme_issued()
+    users = readme_auth_users()
+    for name in ("agent-0", "agent-1"):
+        service = services[name]
+        found = agent_identities(service["command"], _env(service), f"docker-compose.yml: {name}")
+        agent, ranks, job = found.agent, found.ranks, found.job
+        assert found.warnings == [], f"{name}: {found.warnings}"
+        assert ranks.cert and ranks.key and ranks.user is None, f"{name}: its ranks get no certificate of their own"
+        assert {ranks.cert, ranks.key}.isdisjoint({agent.cert, agent.key}), f"{name}: its ranks get the agent's"
+        assert ranks.cacert == agent.cacert
+        binds = _binds(service)
+        assert ranks.cert in binds and ranks.key in binds, f"{name}: the ranks' certificate is not mounted"
+        cert_of = {"agent": Path(binds[str(agent.cert)]).stem, "client": Path(binds[str(ranks.cert)]).stem}
+        assert binds[str(ranks.key)] == f"./certs/{cert_of['client']}-key.pem"
+        for role, file in cert_of.items():
+            common_name = issued.get(file)
+            assert common_name == f"recoverd-{role}-{job}", f"{name}: {file}.pem is issued as {common_name}"
+            assert (job, role, common_name) in users, f"deploy/README.md makes no etcd user {common_name}"

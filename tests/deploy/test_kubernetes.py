@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy.commands import check_recoverd_argv, expand_kubernetes
+from tests.deploy.commands import agent_identities, check_recoverd_argv, expand_kubernetes, readme_auth_users
 from tests.deploy.kustomize import Unsupported, load_documents, object_id, render
 from tests.deploy.manifests import KUBERNETES, Found, all_objects, distinct, example_files, pod_specs
 from tests.deploy.schemas import ManifestError, crd_kinds, validate_object
@@ -238,7 +238,8 @@ def _check_pod(
         # A recoverd process: the TLS files are mounted, its metrics port is declared (where the
         # probes go; recoverd adopt has none, so no probe), and a label lets it through the
         # NetworkPolicy to etcd.
-        for var in ("RECOVERD_ETCD_CACERT", "RECOVERD_ETCD_CERT", "RECOVERD_ETCD_KEY"):
+        tls_vars = ("RECOVERD_ETCD_CACERT", "RECOVERD_ETCD_CERT", "RECOVERD_ETCD_KEY")
+        for var in tls_vars + tuple(v for v in ("RECOVERD_RANK_ETCD_CERT", "RECOVERD_RANK_ETCD_KEY") if v in env):
             assert any(env[var].startswith(path + "/") for path in mounts), f"{where}: {var} not mounted"
         if "recoverd adopt" in " ".join(container.get("command") or []):
             assert not ports and not any(probe in container for probe in ("livenessProbe", "readinessProbe")), where
@@ -345,9 +346,50 @@ def test_adopt_daemonset_passes_sigterm_on(tmp_path: Path) -> None:
 
 
 def test_every_example_is_job_train() -> None:
-    """The examples are alternatives for one job: the Secret recoverd-etcd-client-train is its."""
+    """The examples are alternatives for one job: the Secrets recoverd-etcd-client-train (its
+    agents) and recoverd-etcd-rank-train (its ranks) are its."""
     for path in example_files():
         for doc in load_documents(path):
             for _, pod in pod_specs(doc):
                 secrets = [v["secret"]["secretName"] for v in pod.get("volumes") or [] if "secret" in v]
-                assert secrets == ["recoverd-etcd-client-train"], path.name
+                assert secrets[:1] == ["recoverd-etcd-client-train"], path.name
+                assert set(secrets) <= {"recoverd-etcd-client-train", "recoverd-etcd-rank-train"}, path.name
+
+
+def _common_name(path: str, container: dict[str, Any], pod: dict[str, Any], objects: list[dict[str, Any]]) -> str:
+    """The CN of the Certificate behind a TLS file's path in a container (mount -> Secret)."""
+    mounts = {mount["mountPath"]: mount["name"] for mount in container.get("volumeMounts") or []}
+    folder, _, _ = path.rpartition("/")
+    secret = next(v["secret"]["secretName"] for v in pod["volumes"] if v["name"] == mounts[folder])
+    (certificate,) = [c for c in _by_kind(objects, "Certificate") if c["spec"]["secretName"] == secret]
+    return str(certificate["spec"]["commonName"])
+
+
+def test_agents_give_their_ranks_the_jobs_client_identity() -> None:
+    """Ranks act as job train's client user (CN recoverd-client-train), never as its agent: each
+    example that runs `recoverd agent`, as recoverd resolves its flags and environment, hands its
+    ranks a certificate of their own, from a Secret whose Certificate has that CN (and whose user
+    deploy/README.md makes), and does not warn that they act as it (docs/security.md, "Ranks")."""
+    users = readme_auth_users()
+    for scope, objects in _scopes():
+        agents = set()
+        for owner, _, pod in _pods(objects):
+            for container in pod["containers"]:
+                if (container.get("args") or [""])[0] != "agent":
+                    continue
+                where = f"{scope}: {owner}"
+                env = _env_of(container, objects, owner)
+                argv = [expand_kubernetes(arg, env, where) for arg in container["args"]]
+                found = agent_identities(argv, env, where)
+                agent, ranks = found.agent, found.ranks
+                assert found.warnings == [], f"{where}: {found.warnings}"
+                assert ranks.cert and ranks.key and ranks.user is None, f"{where}: no certificate of the ranks' own"
+                assert {ranks.cert, ranks.key}.isdisjoint({agent.cert, agent.key}), f"{where}: ranks get the agent's"
+                assert ranks.cacert == agent.cacert
+                assert ranks.cert.endswith("/tls.crt") and ranks.key == ranks.cert.removesuffix("tls.crt") + "tls.key"
+                for role, identity in (("agent", agent), ("client", ranks)):
+                    common_name = _common_name(str(identity.cert), container, pod, objects)
+                    assert common_name == f"recoverd-{role}-{found.job}", f"{where}: {role} as {common_name}"
+                    assert (found.job, role, common_name) in users, f"deploy/README.md makes no user {common_name}"
+                agents.add(owner)
+        assert agents == {"Job/train", "PyTorchJob/train", "JobSet/train"}, scope

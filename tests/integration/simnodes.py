@@ -35,6 +35,7 @@ class SimNodes:
         strategies: tuple[str, ...],
         detectors: Sequence[type[Detector]] = DETECTORS,
         spares: int = 0,
+        lease_ttl_s: float = 5.0,
     ):
         self.host = SimHost(
             endpoint,
@@ -46,6 +47,7 @@ class SimNodes:
             strategies=strategies,
             spares=range(nodes, nodes + spares),
             detectors=detectors,
+            lease_ttl_s=lease_ttl_s,
             nvml="auto",  # a test may bind the NVML detector to a stand-in library
         )
         self.nproc = nproc

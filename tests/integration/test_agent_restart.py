@@ -27,13 +27,19 @@ pytestmark = pytest.mark.etcd
 # these tests would test node loss instead of re-adoption.
 
 
-def _rank_processes(job: str) -> dict[int, list[int]]:
-    """Every live process on this machine that is a rank of ``job``, by RANK."""
+def _rank_processes(cluster: Cluster, job: str) -> dict[int, list[int]]:
+    """Every live process on this machine that is a rank of ``job`` in this test's keyspace, by RANK
+    (another test run beside this one may run a job of the same name)."""
     found: dict[int, list[int]] = {}
     for proc in psutil.process_iter(["pid"]):
         try:
             env = proc.environ()
-            if env.get("RECOVERD_JOB") != job or "RANK" not in env or proc.status() == psutil.STATUS_ZOMBIE:
+            if (
+                env.get("RECOVERD_JOB") != job
+                or env.get("RECOVERD_PREFIX") != cluster.prefix
+                or "RANK" not in env
+                or proc.status() == psutil.STATUS_ZOMBIE
+            ):
                 continue
             found.setdefault(int(env["RANK"]), []).append(proc.pid)
         except (psutil.Error, OSError):
@@ -84,13 +90,13 @@ def test_agent_sigkill_and_restart_adopts_its_ranks(cluster: Cluster) -> None:
     pids = {rank: status.pid for rank, status in before.items()}
 
     cluster.kill("agent-node0")
-    assert _rank_processes(job) == {rank: [pid] for rank, pid in pids.items()}, "ranks must outlive the agent"
+    assert _rank_processes(cluster, job) == {rank: [pid] for rank, pid in pids.items()}, "ranks must outlive the agent"
 
     cluster.agent(job, strategies="recover-in-place,exit", extra=["--agent-lease-ttl", "6"])
     cluster.wait_for("the new agent to adopt the ranks", lambda: _events(cluster, job, "ranks_adopted"))
     after = cluster.wait_running(job, 4)
     assert {rank: status.pid for rank, status in after.items()} == pids
-    assert _rank_processes(job) == {rank: [pid] for rank, pid in pids.items()}
+    assert _rank_processes(cluster, job) == {rank: [pid] for rank, pid in pids.items()}
     view = cluster.view(job)
     assert view.recovery is None or view.recovery.phase == pb.PHASE_DONE, "no recovery for an agent restart"
 
@@ -102,10 +108,12 @@ def test_agent_sigkill_and_restart_adopts_its_ranks(cluster: Cluster) -> None:
     )
     assert all(recovered[rank].pid == pids[rank] for rank in (0, 2, 3))
     assert cluster.view(job).recovery.strategy == "recover-in-place"
-    assert sorted(_rank_processes(job)) == [0, 1, 2, 3] and all(len(p) == 1 for p in _rank_processes(job).values())
+    assert sorted(_rank_processes(cluster, job)) == [0, 1, 2, 3] and all(
+        len(p) == 1 for p in _rank_processes(cluster, job).values()
+    )
 
     cluster.stop("agent-node0")
-    cluster.wait_for("no rank left behind", lambda: not _rank_processes(job))
+    cluster.wait_for("no rank left behind", lambda: not _rank_processes(cluster, job))
     _reap_orphans(cluster, list(pids.values()))
 
 
@@ -130,7 +138,7 @@ def test_a_rank_that_died_while_the_agent_was_away_is_a_fault(cluster: Cluster) 
         lambda: (v := cluster.view(job)).recovery and v.recovery.phase == pb.PHASE_DONE and v,
     )
     assert view.recovery.strategy == "recover-in-place" and [f.rank for f in view.recovery.faults] == [3]
-    assert all(len(p) == 1 for p in _rank_processes(job).values())
+    assert all(len(p) == 1 for p in _rank_processes(cluster, job).values())
     cluster.stop("agent-node0")
     _reap_orphans(cluster, [before[rank].pid for rank in (0, 1, 2, 3)])
 
@@ -149,7 +157,7 @@ def test_a_live_agent_is_not_taken_over(cluster: Cluster) -> None:
     )  # fmt: skip
     assert second.wait(timeout=30) == 2
     assert "its agent (pid" in second.log_path.read_text()  # type: ignore[attr-defined]
-    assert all(len(p) == 1 for p in _rank_processes(job).values())
+    assert all(len(p) == 1 for p in _rank_processes(cluster, job).values())
     cluster.stop("agent-node0")
 
 
@@ -180,10 +188,10 @@ def test_a_superseded_agent_that_returns_stops_nothing_and_writes_nothing(cluste
     now = cluster.wait_running(job, 4, timeout=30)
     running = {rank: s.pid for rank, s in now.items() if s.state == pb.RANK_RUNNING}
     assert sorted(running) == [0, 1, 2, 3]
-    assert all(len(p) == 1 for p in _rank_processes(job).values())
+    assert all(len(p) == 1 for p in _rank_processes(cluster, job).values())
     assert all(psutil.pid_exists(pid) for pid in running.values())
     cluster.stop("agent-node0")
-    cluster.wait_for("no rank left behind", lambda: not _rank_processes(job))
+    cluster.wait_for("no rank left behind", lambda: not _rank_processes(cluster, job))
     _reap_orphans(cluster, [s.pid for s in before.values()])
 
 
@@ -254,7 +262,9 @@ def test_two_nodes_agent_restart_mid_recovery(cluster: Cluster) -> None:
         lambda: (v := cluster.view(job)).recovery and v.recovery.phase == pb.PHASE_DONE and v,
     )
     assert view.recovery.strategy == "recover-in-place"
-    assert sorted(_rank_processes(job)) == [0, 1, 2, 3] and all(len(p) == 1 for p in _rank_processes(job).values())
+    assert sorted(_rank_processes(cluster, job)) == [0, 1, 2, 3] and all(
+        len(p) == 1 for p in _rank_processes(cluster, job).values()
+    )
     cluster.stop("agent-node1")
     cluster.stop("agent-node0")
     _reap_orphans(cluster, [before[2].pid, before[3].pid])

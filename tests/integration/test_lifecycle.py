@@ -147,7 +147,13 @@ def test_descendants_that_escape_their_group_are_killed_with_the_agent(cluster: 
     ranks = cluster.wait_running("escape", 1)
 
     def daemons() -> list[psutil.Process]:
-        return [p for p in psutil.process_iter(["cmdline"]) if "daemon of rank" in " ".join(p.info["cmdline"] or [])]
+        """This test's rank's daemon (a test run beside this one has daemons of its own)."""
+        return [
+            p
+            for p in psutil.process_iter(["cmdline", "environ"])
+            if "daemon of rank" in " ".join(p.info["cmdline"] or [])
+            and (p.info["environ"] or {}).get("RECOVERD_PREFIX") == cluster.prefix
+        ]
 
     daemon = cluster.wait_for("the rank's daemon", lambda: daemons())[0]
     assert os.getsid(daemon.pid) != os.getsid(ranks[0].pid)  # out of the rank's session and group

@@ -23,7 +23,10 @@ pytestmark = pytest.mark.etcd
 
 @pytest.fixture
 def sim64(cluster: Cluster) -> Iterator[SimNodes]:
-    nodes = SimNodes(cluster.endpoint, cluster.prefix, "job-64", 64, 8, ("recover-in-place", "exit"))
+    # 64 agents share one event loop in this test's process: a test run beside this one can starve
+    # it for longer than the 5 s default lease, and every node is lost at once. This test is about
+    # etcd's limits, not node loss: a 20 s lease keeps it about them.
+    nodes = SimNodes(cluster.endpoint, cluster.prefix, "job-64", 64, 8, ("recover-in-place", "exit"), lease_ttl_s=20.0)
     try:
         yield nodes
     finally:

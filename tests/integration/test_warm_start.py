@@ -309,6 +309,7 @@ def test_a_restarted_agent_adopts_a_forked_rank(cluster: Cluster) -> None:
         p.info["pid"]
         for p in psutil.process_iter(["pid", "environ", "status"])
         if (p.info["environ"] or {}).get("RECOVERD_JOB") == JOB
+        and (p.info["environ"] or {}).get("RECOVERD_PREFIX") == cluster.prefix  # not a run beside this one
         and "RANK" in (p.info["environ"] or {})
         and p.info["status"] != psutil.STATUS_ZOMBIE
     ]

@@ -204,6 +204,32 @@ def for_ranks(
     ).check()
 
 
+def rank_identity_problem(agent: EtcdSecurity, ranks: EtcdSecurity, job: str) -> str | None:
+    """Why the identity an agent hands its ranks (:func:`for_ranks`) is not job ``job``'s client
+    identity, for a warning at the agent's start; None when it is (docs/security.md, "Ranks")."""
+    if ranks.user:
+        if not ranks.password_file:
+            return (
+                f"the ranks' etcd user {ranks.user} has its password in the environment, which ranks do not"
+                " inherit: a rank's client cannot authenticate. Give it as --rank-etcd-password-file FILE"
+            )
+        return None
+    if agent.user:
+        return (
+            f"ranks get no etcd user (never the agent's own, {agent.user}): with authentication on, their"
+            " clients (DLRecoverManager, ResilientTrainer, the msrun plugin) are refused. Give them job"
+            f" {job}'s client user: --rank-etcd-user recoverd-client-{job} --rank-etcd-password-file FILE"
+            " (docs/security.md)"
+        )
+    if ranks.cert and ranks.cert == agent.cert:
+        return (
+            f"ranks get the agent's own client certificate {agent.cert}: where etcd takes its common name as"
+            f" the user, they act as the agent. Give them job {job}'s client certificate:"
+            " --rank-etcd-cert/--rank-etcd-key (docs/security.md)"
+        )
+    return None
+
+
 def check_secret_file(path: str, what: str) -> None:
     """Warn (once per file and process) when a file holding a secret can be read by other users:
     anyone on the host who reads it acts with its identity. A warning, not an error: the file may

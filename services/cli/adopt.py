@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -38,6 +39,9 @@ from recoverd.errors import ConfigError, RecoverdError
 from recoverd.keys import DEFAULT_PREFIX, Keyspace, check_id
 from recoverd.store import Store
 from recoverd.strategies import parse_strategies
+
+#: The ranks' etcd identity settings (``--rank-etcd-*``, docs/security.md "Ranks").
+RANK_IDENTITY = ("user", "password_file", "cert", "key")
 
 __all__ = ["build_parser", "main", "settings_for"]
 
@@ -103,6 +107,11 @@ def build_parser(prog: str = "recoverd adopt") -> argparse.ArgumentParser:
     parser.add_argument("--nvml", choices=NVML_MODES, default="auto", help=NVML_HELP)
     logs.add_arguments(parser)
     etcd_security.add_arguments(parser)
+    etcd_security.add_rank_arguments(parser)
+    # As `recoverd agent` takes them: the flags, else $RECOVERD_RANK_ETCD_* (a DaemonSet's env).
+    parser.set_defaults(
+        **{f"rank_etcd_{name}": os.environ.get(f"RECOVERD_RANK_ETCD_{name.upper()}") for name in RANK_IDENTITY}
+    )
     return parser
 
 
@@ -146,6 +155,11 @@ async def _run(args: argparse.Namespace) -> int:
     captured = capture(args.pids, with_rank=args.with_rank)
     settings = settings_for(args, captured)
     security = etcd_security.from_args(args)
+    # A rank it restarts gets the job's client identity, never the adopter's own.
+    ranks = etcd_security.ranks_from_args(args, security)
+    settings = dataclasses.replace(settings, rank_etcd=ranks)
+    if (problem := etcd_security.rank_identity_problem(security, ranks, settings.job)) is not None:
+        log.warning("%s", problem)
     become_subreaper()
 
     def runtime(on_exit: OnExit, protected: object) -> AdoptRuntime:

@@ -283,35 +283,6 @@ async def _serving_metrics(
         server.close()
 
 
-def _warn_rank_credentials(security: EtcdSecurity, ranks: EtcdSecurity, job: str) -> None:
-    """Ranks get the job's client identity, never the agent's (docs/security.md, "Ranks")."""
-    if ranks.user:
-        if not ranks.password_file:
-            log.warning(
-                "the ranks' etcd user %s has its password in the environment, which ranks do not inherit: a"
-                " rank's client cannot authenticate. Give it as --rank-etcd-password-file FILE",
-                ranks.user,
-            )
-        return
-    if security.user:
-        log.warning(
-            "ranks get no etcd user (never the agent's own, %s): with authentication on, their clients"
-            " (DLRecoverManager, ResilientTrainer, the msrun plugin) are refused. Give them job %s's client"
-            " user: --rank-etcd-user recoverd-client-%s --rank-etcd-password-file FILE (docs/security.md)",
-            security.user,
-            job,
-            job,
-        )
-    elif ranks.cert and ranks.cert == security.cert:
-        log.warning(
-            "ranks get the agent's own client certificate %s: where etcd takes its common name as the user,"
-            " they act as the agent. Give them job %s's client certificate: --rank-etcd-cert/--rank-etcd-key"
-            " (docs/security.md)",
-            security.cert,
-            job,
-        )
-
-
 async def _main_async(args: argparse.Namespace) -> int:
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _dump_tasks)
     keys = Keyspace(args.prefix)
@@ -335,7 +306,8 @@ async def _main_async(args: argparse.Namespace) -> int:
 
                     logs.bind(job=settings.job, node=settings.node)
                     assert ranks is not None
-                    _warn_rank_credentials(security, ranks, settings.job)
+                    if (problem := etcd_security.rank_identity_problem(security, ranks, settings.job)) is not None:
+                        log.warning("%s", problem)
                     become_subreaper()
                     return await NodeAgent(store, keys, settings).run()
                 return await _serve(

@@ -16,7 +16,6 @@ from unittest import mock
 
 from recoverd import config, etcd_security
 from recoverd.cli import adopt, ctl
-from recoverd.cli import main as cli_main
 from recoverd.cli.main import _agent_settings, build_parser
 from recoverd.cli.parser import subcommands
 from recoverd.errors import RecoverdError
@@ -96,9 +95,8 @@ def agent_identities(argv: Sequence[str], env: Mapping[str, str], where: str) ->
             ranks = etcd_security.ranks_from_args(args, agent)
     except RecoverdError as err:
         raise AssertionError(f"{where}: `recoverd {' '.join(argv)}` is refused: {err}") from err
-    with mock.patch.object(cli_main, "log") as log:
-        cli_main._warn_rank_credentials(agent, ranks, args.job)
-    warnings = [call.args[0] % call.args[1:] for call in log.warning.call_args_list]
+    problem = etcd_security.rank_identity_problem(agent, ranks, args.job)
+    warnings = [problem] if problem is not None else []
     return AgentIdentities(args.job, agent, ranks, warnings)
 
 

@@ -10,10 +10,13 @@ import signal
 import subprocess
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import yaml
 
+from recoverd import etcd_security
+from recoverd.cli import adopt
 from tests.deploy.commands import agent_identities, check_recoverd_argv, expand_kubernetes, readme_auth_users
 from tests.deploy.kustomize import Unsupported, load_documents, object_id, render
 from tests.deploy.manifests import KUBERNETES, Found, all_objects, distinct, example_files, pod_specs
@@ -393,3 +396,24 @@ def test_agents_give_their_ranks_the_jobs_client_identity() -> None:
                     assert (found.job, role, common_name) in users, f"deploy/README.md makes no user {common_name}"
                 agents.add(owner)
         assert agents == {"Job/train", "PyTorchJob/train", "JobSet/train"}, scope
+
+
+def test_the_adopt_daemonset_gives_the_ranks_it_restarts_the_jobs_client_identity() -> None:
+    """`recoverd adopt` hands the ranks it restarts job train's client certificate, as an agent does:
+    resolved by adopt's own parser from the DaemonSet's environment (docs/security.md, "Ranks")."""
+    for scope, objects in _scopes():
+        for owner, _, pod in _pods(objects):
+            for container in pod["containers"]:
+                if "recoverd adopt" not in " ".join(container.get("command") or []):
+                    continue
+                env = _env_of(container, objects, owner)
+                with mock.patch.dict(os.environ, env, clear=True):
+                    args = adopt.build_parser().parse_args(["--pids", "1"])
+                with mock.patch.object(etcd_security, "_read_pem", lambda flag, path: b""):
+                    agent = etcd_security.from_args(args, env)
+                    ranks = etcd_security.ranks_from_args(args, agent)
+                where = f"{scope}: {owner}"
+                assert etcd_security.rank_identity_problem(agent, ranks, "train") is None, where
+                assert ranks.cert and ranks.cert != agent.cert, f"{where}: ranks get the adopter's certificate"
+                assert _common_name(str(agent.cert), container, pod, objects) == "recoverd-agent-train"
+                assert _common_name(str(ranks.cert), container, pod, objects) == "recoverd-client-train"

@@ -75,7 +75,13 @@ def test_adopted_ranks_are_recovered_with_their_captured_command(cluster: Cluste
     try:
         pids = _rank_pids(launcher, 2)
         originals = {pid: psutil.Process(pid).cmdline() for pid in pids}
-        _adopt(cluster, f"adopt-{mode}", pids, "-r", "-m", mode, "-t", "1")
+        # The ranks it restarts get the job's client user, never the adopter's identity.
+        password = tmp_path / "client.pw"
+        password.write_text("unused: this etcd has no users\n")
+        password.chmod(0o600)
+        user = f"recoverd-client-adopt-{mode}"
+        identity = ("--rank-etcd-user", user, "--rank-etcd-password-file", str(password))
+        _adopt(cluster, f"adopt-{mode}", pids, "-r", "-m", mode, "-t", "1", *identity)
         ranks = cluster.wait_running(f"adopt-{mode}", 2)
         assert [ranks[r].pid for r in (0, 1)] == pids  # adopted, not restarted
 
@@ -92,6 +98,10 @@ def test_adopted_ranks_are_recovered_with_their_captured_command(cluster: Cluste
             assert proc.cwd() == str(tmp_path)
             assert proc.environ()["RANK_ID"] == str(rank)
             assert proc.environ()["RECOVERD_RESTART_COUNT"] == "1"
+            assert (proc.environ()["RECOVERD_ETCD_USER"], proc.environ()["RECOVERD_ETCD_PASSWORD_FILE"]) == (
+                user,
+                str(password),
+            )
         assert not psutil.pid_exists(pids[0]) or psutil.Process(pids[0]).status() == psutil.STATUS_ZOMBIE
         view = cluster.view(f"adopt-{mode}")
         assert [f.rank for f in view.recovery.faults] == [1]  # type: ignore[union-attr]

@@ -44,6 +44,17 @@ def test_every_entry_point_defaults_to_the_same_agent_lease() -> None:
     assert plugin.lease_ttl_s == settings.lease_ttl_s == DEFAULT_LEASE_TTL_S
 
 
+def test_adopt_takes_the_ranks_identity_from_its_flags_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As `recoverd agent` does: ``--rank-etcd-*``, else ``$RECOVERD_RANK_ETCD_*`` (docs/security.md)."""
+    from recoverd.cli import adopt
+
+    monkeypatch.setenv("RECOVERD_RANK_ETCD_CERT", "/certs/rank.pem")
+    monkeypatch.setenv("RECOVERD_RANK_ETCD_KEY", "/certs/rank-key.pem")
+    monkeypatch.delenv("RECOVERD_RANK_ETCD_USER", raising=False)
+    args = adopt.build_parser().parse_args(["--pids", "1", "--rank-etcd-key", "/other/key.pem"])
+    assert (args.rank_etcd_cert, args.rank_etcd_key, args.rank_etcd_user) == ("/certs/rank.pem", "/other/key.pem", None)
+
+
 def test_the_warm_start_wait_has_one_default_and_refuses_a_negative_value(capsys: pytest.CaptureFixture[str]) -> None:
     """``--warm-start-wait`` (docs/adr/0039): the flag's default is the settings' own; below 0 is an error."""
     from recoverd.agent.settings import AgentSettings

@@ -618,6 +618,14 @@ class Store:
             candidates = [(self._current + step) % count for step in range(1, count)]
             fresh = [i for i in candidates if self._avoid_until.get(i, 0.0) <= now]
             self._current = (fresh or candidates)[0]
+        if at_once:
+            # The cluster is in trouble (a hung member, or a leader change under calls in flight):
+            # the connections still retiring from earlier failovers are closed now too. A call a
+            # follower forwarded to a dead leader waits there for good, on whichever connection it
+            # was sent (a leader kill: the first failover, on etcd's "leader changed", retires the
+            # follower's connection with the lost proposal still in flight for op_timeout_s).
+            for retiring in list(self._retiring):
+                retiring.cancel()
         task = asyncio.get_running_loop().create_task(
             self._close_later(client, 0.0 if at_once else self.op_timeout_s), name="etcd-retire"
         )
@@ -633,7 +641,13 @@ class Store:
         by the member itself (no consensus, no permission), in milliseconds when it is healthy.
         Runs while the store is open, with more than one endpoint; never raises but cancellation.
         """
-        leader_seen: tuple[Any, int] | None = None  # (connection, its last leader id other than 0)
+        # The last leader any member named (0: none yet), across connections: a store that has just
+        # moved off the dead leader's member must still see the new leader as a change, or a call
+        # the new member forwarded to the dead one waits out its whole timeout.
+        last_leader = 0
+        # A member said "no leader" since the last leader was named: an election, during which a
+        # proposal a follower forwarded may have been lost (even with no leader named before it).
+        election_seen = False
         leaderless_since: tuple[Any, float] | None = None  # (connection, when it first said "none")
         while True:
             await asyncio.sleep(self.probe_interval_s)
@@ -662,21 +676,22 @@ class Store:
             else:
                 leader = int(status.leader)
                 hung = False
-                previous = leader_seen if leader_seen is not None and leader_seen[0] is client else None
+                previous, after_election = last_leader, election_seen
                 if leader:
-                    leader_seen, leaderless_since = (client, leader), None
+                    last_leader, leaderless_since, election_seen = leader, None, False
                 if leader == 0:
+                    election_seen = True
                     if leaderless_since is None or leaderless_since[0] is not client:
                         leaderless_since = (client, sent)
                     if sent - leaderless_since[1] <= LEADERLESS_S:
                         continue  # an election, most likely: every member is leaderless for it
                     problem = f"has had no leader for over {LEADERLESS_S:g}s"
-                elif previous is None or previous[1] == leader:
-                    continue
+                elif previous == leader or (previous == 0 and not after_election):
+                    continue  # no change, or the first leader this store has seen
                 elif any(started < sent for started in self._in_flight.values()):
                     # A request a follower forwarded to the old leader is lost; etcd would answer it
                     # only at its own request timeout. Failed now, its caller retries at once.
-                    problem = f"changed leader ({previous[1]:x} -> {leader:x}) with calls in flight"
+                    problem = f"changed leader ({previous:x} -> {leader:x}) with calls in flight"
                 else:
                     continue
             if self._client is not client:

@@ -96,7 +96,14 @@ class EtcdHealth:
         self.last = Trouble(now, what)
 
     async def run(self) -> None:
-        """Probe every member until cancelled; never raises but cancellation."""
+        """Probe every member until cancelled; never raises but cancellation. A bug here ends the
+        probing (logged), never its owner: without the view, no node is held (ADR 0045)."""
+        try:
+            await self._probe_forever()
+        except Exception:
+            log.exception("etcd health view stopped: nodes lost during etcd trouble are no longer held")
+
+    async def _probe_forever(self) -> None:
         async with contextlib.AsyncExitStack() as stack:
             stores = [
                 await stack.enter_async_context(

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from taskd_client.pytorch.agreement import Agreement, Holding, Kind, agree, must_read_checkpoints
+from taskd_client.pytorch.agreement import (
+    Agreement,
+    Holding,
+    Kind,
+    NoTwin,
+    agree,
+    agree_sharded,
+    must_read_checkpoints,
+)
 
 LIVE, SUSPECT, DISK, NONE = Kind.LIVE, Kind.SUSPECT, Kind.FROM_DISK, Kind.NONE
 
@@ -80,3 +88,55 @@ def test_a_holding_survives_its_joining_note(holding: Holding) -> None:
 )
 def test_a_note_that_is_not_a_holding_is_refused(note: str) -> None:
     assert Holding.from_note(note) is None
+
+
+# ---------------------------------------------------------------- sharded models (issue 26)
+
+#: HSDP 2 x 2 (replicate x shard): ranks 0 and 2 hold shard 0, ranks 1 and 3 shard 1.
+HSDP = (0, 1, 0, 1)
+LIVE5 = Holding(Kind.LIVE, 5)
+
+
+def test_a_killed_ranks_shard_comes_from_its_twin_and_nobody_else_receives() -> None:
+    for victim in range(4):
+        everyone = [LIVE5] * 4
+        everyone[victim] = Holding(Kind.NONE, 0)
+        agreed = agree_sharded(everyone, HSDP)
+        twin = (victim + 2) % 4
+        assert agreed.step == 5
+        assert agreed.sources[HSDP[victim]] == min(r for r in range(4) if HSDP[r] == HSDP[victim] and r != victim)
+        assert agreed.receivers[HSDP[victim]] == (victim,) and agreed.receivers[1 - HSDP[victim]] == ()
+        assert agreed.source_for(victim) == twin and agreed.source_for(twin) is None
+
+
+def test_a_rank_ahead_is_put_back_by_its_twin() -> None:
+    everyone = [LIVE5, Holding(Kind.LIVE, 6), Holding(Kind.NONE, 0), LIVE5]
+    agreed = agree_sharded(everyone, HSDP)
+    assert (agreed.step, agreed.sources, agreed.receivers) == (5, (0, 3), ((2,), (1,)))
+
+
+def test_a_suspect_rank_is_repaired_from_its_twin() -> None:
+    everyone = [LIVE5, LIVE5, Holding(Kind.SUSPECT, 5), LIVE5]
+    assert agree_sharded(everyone, HSDP).receivers == ((2,), ())
+
+
+def test_a_fresh_world_sends_each_shard_from_its_first_replica() -> None:
+    agreed = agree_sharded([Holding(Kind.NONE, 0)] * 4, HSDP)
+    assert (agreed.step, agreed.sources, agreed.receivers) == (0, (0, 1), ((2,), (3,)))
+
+
+def test_a_shard_with_no_live_holder_cannot_be_rebuilt_from_a_peer() -> None:
+    # Pure FSDP over 4 ranks: every rank holds its own shard; rank 2 lost means shard 2 is gone.
+    everyone = [LIVE5, LIVE5, Holding(Kind.NONE, 0), LIVE5]
+    with pytest.raises(NoTwin, match=r"shard 2 \(ranks \[2\]\) has no live state"):
+        agree_sharded(everyone, (0, 1, 2, 3))
+    # The dead rank's twin one step ahead of the other shard: no step that both shards hold.
+    with pytest.raises(NoTwin, match=r"steps held: \[5, 6\]"):
+        agree_sharded([Holding(Kind.LIVE, 6), LIVE5, Holding(Kind.NONE, 0), LIVE5], HSDP)
+
+
+def test_bad_shard_maps_are_refused() -> None:
+    with pytest.raises(ValueError, match="one holding and one shard per rank"):
+        agree_sharded([LIVE5] * 4, (0, 1))
+    with pytest.raises(ValueError, match=r"numbered 0\.\.n-1"):
+        agree_sharded([LIVE5] * 2, (0, 2))

@@ -27,7 +27,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
-__all__ = ["Agreement", "Holding", "Kind", "agree", "must_read_checkpoints"]
+__all__ = [
+    "Agreement",
+    "Holding",
+    "Kind",
+    "NoTwin",
+    "ShardedAgreement",
+    "agree",
+    "agree_sharded",
+    "must_read_checkpoints",
+]
 
 
 class Kind(IntEnum):
@@ -103,3 +112,76 @@ def agree(everyone: Sequence[Holding]) -> Agreement:
         r for r, h in enumerate(everyone) if r != source and not (h.kind == best == Kind.LIVE and h.step == step)
     )
     return Agreement(step=step, source=source, receivers=receivers)
+
+
+# ---------------------------------------------------------------- sharded models (issue 26)
+
+
+class NoTwin(Exception):
+    """No step at which every shard has a holder: the state cannot be rebuilt from peers (recoverd
+    falls back to restarting the job from its checkpoint). ``reason`` says which shard lacks one."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class ShardedAgreement:
+    """The step every rank resumes from, and per shard: the rank that sends it and the ranks of
+    that shard that receive it (docs/adr/0047)."""
+
+    step: int
+    #: shard -> the rank whose state of that shard is sent.
+    sources: tuple[int, ...]
+    #: shard -> the ranks holding that shard that take the source's state.
+    receivers: tuple[tuple[int, ...], ...]
+
+    def source_for(self, rank: int) -> int | None:
+        """The rank ``rank`` receives its shard from, or None when it keeps its own."""
+        return next((self.sources[k] for k, ranks in enumerate(self.receivers) if rank in ranks), None)
+
+
+def agree_sharded(everyone: Sequence[Holding], shard_of: Sequence[int]) -> ShardedAgreement:
+    """The agreement for a sharded model whose rank ``r`` said ``everyone[r]`` and holds shard
+    ``shard_of[r]`` (the ranks of one shard are its replicas: twins, bitwise equal).
+
+    As :func:`agree`, with one more condition: the step must be one at which *every* shard has a
+    holder of the freshest kind, since a shard lives only in its own replicas. Of such steps the
+    lowest is taken (a rank ahead is put back by its twin). A shard with no such holder at any
+    common step raises :class:`NoTwin` with the reason.
+    """
+    if not everyone or len(shard_of) != len(everyone):
+        raise ValueError("an agreement needs one holding and one shard per rank")
+    shards = sorted(set(shard_of))
+    if shards != list(range(len(shards))):
+        raise ValueError(f"shards must be numbered 0..n-1, got {shards}")
+    members = [tuple(r for r, k in enumerate(shard_of) if k == shard) for shard in shards]
+    best = max(h.kind for h in everyone)
+    if best == Kind.NONE:
+        # All fresh: each shard's first replica sends its shard to the others (DDP's first
+        # broadcast, per shard).
+        return ShardedAgreement(0, tuple(m[0] for m in members), tuple(m[1:] for m in members))
+    steps = sorted({h.step for h in everyone if h.kind == best})
+
+    def holders(shard: int, step: int) -> list[int]:
+        return [r for r in members[shard] if everyone[r].kind == best and everyone[r].step == step]
+
+    step = next((s for s in steps if all(holders(k, s) for k in shards)), None)
+    if step is None:
+        lacking = [k for k in shards if not any(everyone[r].kind == best for r in members[k])]
+        shard = lacking[0] if lacking else next(k for k in shards if not holders(k, steps[0]))
+        raise NoTwin(
+            f"shard {shard} (ranks {list(members[shard])}) has no {best.name.lower()} state at a step every"
+            f" other shard has (steps held: {steps}): it cannot be rebuilt from a peer"
+        )
+    sources = tuple(min(holders(k, step)) for k in shards)
+    receivers = tuple(
+        tuple(
+            r
+            for r in members[k]
+            if r != sources[k] and not (everyone[r].kind == best == Kind.LIVE and everyone[r].step == step)
+        )
+        for k in shards
+    )
+    return ShardedAgreement(step, sources, receivers)

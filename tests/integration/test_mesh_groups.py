@@ -1,7 +1,8 @@
 """FSDP2 on an HSDP mesh (2 x 2, replicate x shard) over recoverd's stable process groups
 (taskd_client.pytorch.mesh, issue 26): the same bits as over torch's own gloo groups, the twins (the
 ranks holding the same shard in the two replicas) equal, and every group of the mesh moved to a new
-generation of gloo groups mid-training, under the live model and optimizer, changing nothing.
+generation of gloo groups mid-training, under the live model and optimizer, changing nothing; and
+a rank that lost its whole shard healed from its twin's (``mesh.local_state``), bitwise.
 
 Four real processes on the CPU (examples/hsdp_train.py); no etcd, no agent: this is the mechanism
 the twin healing of issue 26 is to be built on.
@@ -54,3 +55,6 @@ def test_hsdp_over_stable_groups_is_bitwise_torch_s_and_survives_a_rebind() -> N
     assert plain[0] != plain[1]
     assert _train("--groups", "stable") == plain
     assert _train("--groups", "stable", "--rebind-at", "4") == plain
+    # Rank 2 loses its whole shard (parameters, Adam's state, RNG) before step 5 and takes its
+    # twin's: the run ends bitwise as if nothing had happened.
+    assert _train("--groups", "stable", "--rebind-at", "5", "--heal-at", "5") == plain

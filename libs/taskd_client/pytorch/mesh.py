@@ -29,7 +29,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["BACKEND", "GroupFactory", "StableGroup", "WorldGroup", "gloo_group", "resilient_mesh"]
+__all__ = [
+    "BACKEND",
+    "GroupFactory",
+    "StableGroup",
+    "WorldGroup",
+    "gloo_group",
+    "load_local_state",
+    "local_state",
+    "resilient_mesh",
+]
 
 #: The backend name under which :class:`WorldGroup` is registered with torch.distributed.
 BACKEND = "recoverd"
@@ -181,3 +190,50 @@ def resilient_mesh(
     world = dist.group.WORLD
     assert isinstance(world, WorldGroup), f"the default group is a {type(world).__name__}, not recoverd's"
     return init_device_mesh("cpu", shape, mesh_dim_names=names), world
+
+
+def local_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """This rank's shard of the training state, as plain tensors: each parameter's local shard,
+    its optimizer state (DTensors as their local shards, marked), and the CPU RNG state. What a
+    twin sends a replacement (its twin holds the same shard: docs/adr/0047)."""
+    from torch.distributed.tensor import DTensor
+
+    params = list(model.parameters())
+    return {
+        "params": [_local(p).detach().clone() for p in params],
+        "optim": [
+            {key: (isinstance(value, DTensor), _local(value).clone()) for key, value in optimizer.state[p].items()}
+            for p in params
+        ],
+        "rng": torch.get_rng_state(),
+    }
+
+
+def load_local_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Make this rank's shard the one ``state`` holds (:func:`local_state` of its twin): the
+    parameters' local shards are written in place (FSDP2 keeps their storage), the optimizer state
+    is rebuilt on each parameter's mesh and placements, and the RNG state is restored."""
+    from torch.distributed.tensor import DTensor
+
+    params = list(model.parameters())
+    if len(state["params"]) != len(params):
+        raise ValueError(f"the state has {len(state['params'])} parameters; this model has {len(params)}")
+    with torch.no_grad():
+        for param, value in zip(params, state["params"], strict=True):
+            _local(param).copy_(value)
+    for param, saved in zip(params, state["optim"], strict=True):
+        spec: Any = param  # an FSDP2 parameter is a DTensor: its mesh and placements
+        optimizer.state[param] = {
+            key: DTensor.from_local(
+                value, spec.device_mesh, spec.placements, run_check=False, shape=param.shape, stride=param.stride()
+            )
+            if was_dtensor
+            else value
+            for key, (was_dtensor, value) in saved.items()
+        }
+    torch.set_rng_state(state["rng"])
+
+
+def _local(tensor: Any) -> torch.Tensor:
+    """A DTensor's local shard (the same storage), or the tensor itself."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor  # type: ignore[no-any-return]

@@ -85,10 +85,13 @@ def test_a_plain_ddp_script_under_recover_in_place_is_restarted_whole_and_ends_0
     said = out.read_text()
     assert code == 0, said[-3000:]
     # Every rank was started twice and finished: the job restarted whole (exit), not rank 1 alone.
+    # The round's epoch is 1, or 2 when a survivor's crash (its gloo peer gone) came after the
+    # first round had stopped collecting: one restart either way (under load, seen with 2).
     for rank in range(4):
         log = (tmp_path / "logs" / f"rank{rank}.log").read_text()
-        assert "restart (exit) generation 1 restart 1" in log and f"rank {rank} done" in log, log[-2000:]
-    decided = re.search(r"job plain-ddp epoch 1: exit; recover-in-place: no, [^\n]*", said)
+        assert re.search(r"restart \(exit\) generation [12] restart 1 ", log), log[-2000:]
+        assert "restart 2" not in log and f"rank {rank} done" in log, log[-2000:]
+    decided = re.search(r"job plain-ddp epoch [12]: exit; recover-in-place: no, [^\n]*", said)
     assert decided is not None and "run no recoverd client" in decided.group(0), said[-3000:]
 
 

@@ -176,7 +176,8 @@ def resilient_mesh(
     factory: GroupFactory | None = None,
 ) -> tuple[Any, WorldGroup]:
     """``init_device_mesh("cpu", shape)`` over stable groups; returns the mesh and the world group
-    (whose :meth:`WorldGroup.rebind` moves every group of the mesh to a new generation)."""
+    (whose :meth:`WorldGroup.rebind` moves every group of the mesh to a new generation). Once per
+    process, as ``init_process_group`` is."""
     from torch.distributed.device_mesh import init_device_mesh
 
     make = factory or gloo_group(store)
@@ -188,7 +189,8 @@ def resilient_mesh(
         dist.Backend.register_backend(BACKEND, create, extended_api=True, devices=["cpu"])
     dist.init_process_group(BACKEND, store=store, rank=rank, world_size=world_size)
     world = dist.group.WORLD
-    assert isinstance(world, WorldGroup), f"the default group is a {type(world).__name__}, not recoverd's"
+    if not isinstance(world, WorldGroup):
+        raise RuntimeError(f"the default process group is a {type(world).__name__}, not recoverd's stable one")
     return init_device_mesh("cpu", shape, mesh_dim_names=names), world
 
 

@@ -55,7 +55,6 @@ class _Member:
         self.endpoint = endpoint
         #: Whether its last probe was answered (None before the first).
         self.answered: bool | None = None
-        self.leader = 0
 
 
 class EtcdHealth:

@@ -23,7 +23,7 @@ from typing import Any
 
 from recoverd.errors import BadRecord, ReadCompacted
 from recoverd.keys import KeyKind, Keyspace, RunRef
-from recoverd.records import decode, pb
+from recoverd.records import LIVE_RANK_STATES, decode, pb
 from recoverd.store import Store
 from recoverd.validate import JobFrame, check_record, check_size, check_spec, sequence_of
 
@@ -362,7 +362,7 @@ def idle_spares(view: JobView) -> tuple[str, ...]:
             for name, record in view.nodes.items()
             if record.is_spare
             and (not wanted or name in wanted)
-            and not any(r.state in (pb.RANK_RUNNING, pb.RANK_PENDING) for r in _ranks_of(view, name))
+            and not any(r.state in LIVE_RANK_STATES for r in _ranks_of(view, name))
         )
     )
 
@@ -374,7 +374,7 @@ def ranks_running_elsewhere(view: JobView, node: str) -> set[int]:
         for other, table in view.ranks.items()
         if other != node and other in view.nodes
         for r in table.ranks
-        if r.state in (pb.RANK_RUNNING, pb.RANK_PENDING)
+        if r.state in LIVE_RANK_STATES
     }
 
 

@@ -20,9 +20,22 @@ from recoverd.errors import BadRecord
 from recoverd.keys import printable
 from recoverd.v1 import records_pb2 as pb
 
-__all__ = ["MAX_DECODE_BYTES", "decode", "encode", "pb", "printable", "ts_from_s", "ts_to_s", "wall_now"]
+__all__ = [
+    "LIVE_RANK_STATES",
+    "MAX_DECODE_BYTES",
+    "decode",
+    "encode",
+    "pb",
+    "printable",
+    "ts_from_s",
+    "ts_to_s",
+    "wall_now",
+]
 
 M = TypeVar("M", bound=Message)
+
+#: Rank states with a process behind them (running, or being started): the one place this is said.
+LIVE_RANK_STATES = frozenset({pb.RANK_RUNNING, pb.RANK_PENDING})
 
 
 def encode(message: Message) -> bytes:

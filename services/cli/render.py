@@ -18,7 +18,7 @@ from google.protobuf import json_format
 from recoverd import hangstacks
 from recoverd.jobview import JobView, idle_spares
 from recoverd.keys import printable
-from recoverd.records import pb, ts_to_s
+from recoverd.records import LIVE_RANK_STATES, pb, ts_to_s
 
 __all__ = [
     "ENDED",
@@ -109,7 +109,7 @@ def status_dict(view: JobView) -> dict[str, Any]:
                 # A lost node's table keeps its last state: its running ranks are not running
                 # (HELD while the coordinator waits for its agent after etcd trouble: ADR 0045).
                 "state": _absent_state(view, r.node)
-                if r.node not in view.nodes and r.state in (pb.RANK_RUNNING, pb.RANK_PENDING)
+                if r.node not in view.nodes and r.state in LIVE_RANK_STATES
                 else enum_name(pb.RankState, r.state, "RANK_"),
                 "restarts": r.restart_count,
                 "generation": r.generation,

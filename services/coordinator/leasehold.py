@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from recoverd.etcd_health import Trouble
 from recoverd.jobview import JobView
 from recoverd.keys import KeyKind
-from recoverd.records import pb
+from recoverd.records import LIVE_RANK_STATES, pb
 
 __all__ = ["Held", "LeaseHold"]
 
@@ -91,11 +91,7 @@ class LeaseHold:
 def _awaited_nodes(view: JobView) -> set[str]:
     """Nodes whose absence would act on the job: those whose rank table holds running or starting
     ranks (lost-node faults), and those a recovery awaits a command's answer from."""
-    nodes = {
-        name
-        for name, table in view.ranks.items()
-        if any(r.state in (pb.RANK_RUNNING, pb.RANK_PENDING) for r in table.ranks)
-    }
+    nodes = {name for name, table in view.ranks.items() if any(r.state in LIVE_RANK_STATES for r in table.ranks)}
     if view.recovery is not None and view.recovery.phase == pb.PHASE_RECOVERING:
         nodes |= set(view.recovery.command_nodes)
     return nodes

@@ -21,7 +21,7 @@ from recoverd.coordinator.model import WAITING_PHASES, FaultInfo, Layout, Phase,
 from recoverd.errors import Reason, UnknownRank
 from recoverd.jobview import JobView, idle_spares
 from recoverd.policy import replacement_wait_s
-from recoverd.records import pb, ts_to_s
+from recoverd.records import LIVE_RANK_STATES, pb, ts_to_s
 from recoverd.strategies import ALL_STRATEGIES
 
 __all__ = [
@@ -87,7 +87,7 @@ def lost_node_faults(view: JobView, now: float) -> list[FaultInfo]:
         if node in view.nodes:
             continue
         for rank in table.ranks:
-            if rank.state in (pb.RANK_RUNNING, pb.RANK_PENDING):
+            if rank.state in LIVE_RANK_STATES:
                 faults.append(
                     FaultInfo(
                         fault_id=f"lost.{node}.r{rank.rank}.g{rank.generation}.c{rank.restart_count}",

@@ -1112,7 +1112,7 @@ class NodeAgent:
                 table = decode(pb.NodeRanks, snap.kvs[0].value, snap.kvs[0].key)
             except BadRecord:
                 continue
-            busy |= {r.rank for r in table.ranks if r.state in (pb.RANK_RUNNING, pb.RANK_PENDING)} & wanted
+            busy |= {r.rank for r in table.ranks if r.state in LIVE_STATES} & wanted
         return busy, holders, records.revision
 
     async def _next_change(self, key: str, start: int) -> None:

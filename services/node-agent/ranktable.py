@@ -21,12 +21,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from recoverd.agent.launcher import RankProcess
-from recoverd.records import pb, ts_from_s
+from recoverd.records import LIVE_RANK_STATES, pb, ts_from_s
 
 __all__ = ["LIVE_STATES", "RankSlot", "RankTable"]
 
 #: States in which a rank holds (or is about to hold) a process.
-LIVE_STATES = (pb.RANK_RUNNING, pb.RANK_PENDING)
+LIVE_STATES = LIVE_RANK_STATES
 
 
 @dataclass(slots=True)

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from recoverd.agent.launcher import START_TIME_SLACK_S, FoundRank
-from recoverd.records import pb, ts_to_s
+from recoverd.records import LIVE_RANK_STATES, pb, ts_to_s
 
 __all__ = ["AdoptionPlan", "plan_adoption"]
 
@@ -53,7 +53,7 @@ def plan_adoption(recorded: Sequence[pb.RankStatus], found: Iterable[FoundRank],
         if status is None:
             start.append(rank)
             continue
-        if status.state in (pb.RANK_RUNNING, pb.RANK_PENDING) and status.pid > 0:
+        if status.state in LIVE_RANK_STATES and status.pid > 0:
             proc = by_pid.get(status.pid)
             same = (
                 proc is not None

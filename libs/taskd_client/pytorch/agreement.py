@@ -108,10 +108,13 @@ def agree(everyone: Sequence[Holding]) -> Agreement:
     else:
         step = min(everyone[r].step for r in holders)
         source = min(r for r in holders if everyone[r].step == step)
-    receivers = tuple(
-        r for r, h in enumerate(everyone) if r != source and not (h.kind == best == Kind.LIVE and h.step == step)
-    )
+    receivers = tuple(r for r, h in enumerate(everyone) if r != source and not _keeps_own(h, best, step))
     return Agreement(step=step, source=source, receivers=receivers)
+
+
+def _keeps_own(holding: Holding, best: Kind, step: int) -> bool:
+    """A rank with live state at the resumed step keeps its own: it is bitwise its source's."""
+    return holding.kind == best == Kind.LIVE and holding.step == step
 
 
 # ---------------------------------------------------------------- sharded models (issue 26)
@@ -177,11 +180,6 @@ def agree_sharded(everyone: Sequence[Holding], shard_of: Sequence[int]) -> Shard
         )
     sources = tuple(min(holders(k, step)) for k in shards)
     receivers = tuple(
-        tuple(
-            r
-            for r in members[k]
-            if r != sources[k] and not (everyone[r].kind == best == Kind.LIVE and everyone[r].step == step)
-        )
-        for k in shards
+        tuple(r for r in members[k] if r != sources[k] and not _keeps_own(everyone[r], best, step)) for k in shards
     )
     return ShardedAgreement(step, sources, receivers)

@@ -129,8 +129,8 @@ class WorldGroup(StableGroup):
         self.factory = factory
         self.generation = 0
         super().__init__(rank, size, factory(self._prefix("world"), rank, size))
-        #: The sub-groups this rank belongs to, by name: (their global ranks, the stable group).
-        self.subgroups: dict[str, tuple[tuple[int, ...], StableGroup]] = {}
+        #: The sub-groups this rank belongs to, by name.
+        self.subgroups: dict[str, StableGroup] = {}
 
     def _prefix(self, name: str) -> str:
         return f"g{self.generation}/{name}"
@@ -153,7 +153,7 @@ class WorldGroup(StableGroup):
         group._set_group_name(name)  # type: ignore[arg-type]  # a GroupName is a str
         if group_desc:
             group._set_group_desc(group_desc)
-        self.subgroups[name] = (members, group)
+        self.subgroups[name] = group
         return group
 
     def rebind(self, generation: int) -> None:
@@ -161,8 +161,7 @@ class WorldGroup(StableGroup):
         on every rank, so their connections never wait on each other)."""
         self.generation = generation
         self.inner = self.factory(self._prefix("world"), self.rank(), self.size())
-        for name in sorted(self.subgroups):
-            _members, group = self.subgroups[name]
+        for name, group in sorted(self.subgroups.items()):
             group.inner = self.factory(self._prefix(name), group.rank(), group.size())
 
 

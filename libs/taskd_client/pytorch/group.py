@@ -194,6 +194,8 @@ class ResilientGroup:
         self._pending_seq = 0
         #: Why a hook future of the current generation failed (DDP's backward then raises).
         self.hook_failure: str | None = None
+        #: While set, :meth:`settle` lets a work of a generation this rank has left go at once.
+        self.dropping_stale_works = False
         #: ``seat(n)`` -> (rank, world size) in generation n, or None to try the next generation: set
         #: when the world can change between generations (protocol.py); None: always the same.
         self.seat: Callable[[int], tuple[int, int] | None] | None = None
@@ -231,9 +233,9 @@ class ResilientGroup:
                     backend.abort()
                 except RuntimeError:
                     pass  # already aborted, or torn down by its own watchdog
-        self._park(generation.pg)
+        self.park(generation.pg)
 
-    def _park(self, pg: GlooGroup) -> None:
+    def park(self, pg: GlooGroup) -> None:
         """Keep a failed group alive until its own timeout has surely released its thread."""
         now = time.monotonic()
         keep = self.timeout.total_seconds() + PARK_MARGIN_S
@@ -333,14 +335,36 @@ class ResilientGroup:
         self.rank, self.world_size = seat
         return True
 
-    def _backend(self, prefixed: dist.Store, device: str, name: str) -> Any:
+    def _backend(self, prefixed: dist.Store, device: str, name: str, rank: int, size: int) -> Any:
         if name == "gloo":
-            gloo = dist.ProcessGroupGloo(prefixed, self.rank, self.world_size, self.form_timeout)
+            gloo = dist.ProcessGroupGloo(prefixed, rank, size, self.form_timeout)
             gloo.set_timeout(self.timeout)  # collectives: peers may legitimately be slow
             return gloo
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = self.timeout
-        return dist.ProcessGroupNCCL(prefixed, self.rank, self.world_size, options)
+        return dist.ProcessGroupNCCL(prefixed, rank, size, options)
+
+    def connect_group(self, number: int, prefix: str, rank: int, size: int) -> GlooGroup:
+        """A group of ``size`` ranks (this one ``rank`` in it) for generation ``number``, with the
+        job's backends, its keys under ``prefix`` (which starts ``g<number>/``: a mesh's sub-group,
+        mesh.WorldGroup.connect). Call it on a helper thread (:meth:`run_abortable`): its connection
+        waits for the peers, and gives up when the generation is aborted."""
+        if not prefix.startswith(f"g{number}/"):
+            raise ValueError(f"a group of generation {number} must live under g{number}/, not {prefix!r}")
+        self._connecting.number = number
+        return self._make_group(dist.PrefixStore(prefix, self.store), rank, size)[0]
+
+    def _make_group(self, prefixed: dist.Store, rank: int, size: int) -> tuple[GlooGroup, tuple[Any, ...]]:
+        pg = dist.ProcessGroup(prefixed, rank, size)
+        backends = []
+        for device, name in self.backends.items():
+            backend = self._backend(prefixed, device, name, rank, size)
+            kind = getattr(dist.ProcessGroup.BackendType, _BACKENDS[name])
+            pg._register_backend(torch.device(device), kind, backend)
+            backends.append(backend)
+        if len(set(self.backends.values())) == 1:
+            pg._set_default_backend(kind)
+        return pg, tuple(backends)
 
     def _connect(self, number: int) -> tuple[GlooGroup, tuple[Any, ...]]:
         """Build generation ``number``'s group on a helper thread, and give up on it as soon as the
@@ -349,17 +373,8 @@ class ResilientGroup:
 
         def build() -> tuple[GlooGroup, tuple[Any, ...]]:
             self._connecting.number = number
-            prefixed = dist.PrefixStore(f"g{number}/pg", self.store)  # PrefixStore adds the "/"
-            pg = dist.ProcessGroup(prefixed, self.rank, self.world_size)
-            backends = []
-            for device, name in self.backends.items():
-                backend = self._backend(prefixed, device, name)
-                kind = getattr(dist.ProcessGroup.BackendType, _BACKENDS[name])
-                pg._register_backend(torch.device(device), kind, backend)
-                backends.append(backend)
-            if len(set(self.backends.values())) == 1:
-                pg._set_default_backend(kind)
-            return pg, tuple(backends)
+            # PrefixStore adds the "/"
+            return self._make_group(dist.PrefixStore(f"g{number}/pg", self.store), self.rank, self.world_size)
 
         try:
             return _unless_aborted(f"gloo-connect-g{number}", build, lambda: self._aborted(number), CONNECT_CHECK_S)  # type: ignore[no-any-return]
@@ -521,10 +536,22 @@ class ResilientGroup:
     def _wait(self, work: dist.Work, what: str, tensor: torch.Tensor) -> None:
         """Wait for ``work`` until it completes, or raise GroupFailed when it fails or the
         generation is aborted."""
-        number = self.generation
+        self._wait_in(self.generation, work, what, self._can_block(tensor))
+
+    def settle(self, work: dist.Work, what: str, number: int) -> None:
+        """Wait for ``work``, issued in generation ``number`` on a group of the job's CPU backend (a
+        mesh's: mesh.StableGroup), as :meth:`_wait` does. A work of a generation this rank has
+        left raises GroupFailed, or returns at once while :attr:`dropping_stale_works` (FSDP2's
+        reset after a failed step waits on the works it left in flight)."""
+        if number != self.generation:
+            if self.dropping_stale_works:
+                return
+            raise GroupFailed(f"{what} of generation {number}, which this rank has left")
+        self._wait_in(number, work, what, self.backends.get("cpu") == "gloo")
+
+    def _wait_in(self, number: int, work: dist.Work, what: str, block: bool) -> None:
         started = time.monotonic()
         said_waiting = False
-        block = self._can_block(tensor)
         delay = POLL_START_S
         while not self._settled(work, block, delay):
             delay = POLL_MAX_S  # polled: it is a long wait now

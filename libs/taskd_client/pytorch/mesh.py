@@ -22,7 +22,9 @@ its twin is the next one; the design is in docs/adr/0047.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -31,7 +33,10 @@ import torch.distributed as dist
 
 __all__ = [
     "BACKEND",
+    "AbortableWork",
+    "Connected",
     "GroupFactory",
+    "NotConnected",
     "StableGroup",
     "WorldGroup",
     "gloo_group",
@@ -61,12 +66,48 @@ def gloo_group(store: dist.Store, timeout: timedelta = timedelta(seconds=30)) ->
     return make
 
 
-class StableGroup(dist.ProcessGroup):
-    """A process group that stays the same object for the whole job; its work goes to ``inner``."""
+#: Waits for a work of one generation (ResilientGroup.settle): (work, what, generation) -> None,
+#: raising GroupFailed when the generation fails or is aborted meanwhile.
+Settle = Callable[[Any, str, int], None]
 
-    def __init__(self, rank: int, size: int, inner: dist.ProcessGroup) -> None:
+
+class AbortableWork(dist.Work):
+    """A work of a stable group: its ``wait`` returns when the collective completes, and raises
+    ``GroupFailed`` as soon as its generation is aborted (a peer died: gloo alone would block until
+    its timeout). FSDP2 waits on these from Python, in its hooks."""
+
+    def __init__(self, work: Any, what: str, generation: int, settle: Settle) -> None:
+        super().__init__()
+        self.work = work
+        self.what = what
+        self.generation = generation
+        self._settle = settle
+
+    def wait(self, timeout: Any = None) -> bool:
+        self._settle(self.work, self.what, self.generation)
+        return True
+
+    def is_completed(self) -> bool:
+        return bool(self.work.is_completed())
+
+    def get_future(self) -> Any:
+        return self.work.get_future()
+
+
+class NotConnected(RuntimeError):
+    """A collective on a mesh whose groups the trainer has not connected yet."""
+
+
+class StableGroup(dist.ProcessGroup):
+    """A process group that stays the same object for the whole job; its work goes to ``inner``
+    (None until the first generation is connected), the group of generation :attr:`generation`."""
+
+    def __init__(self, rank: int, size: int, inner: dist.ProcessGroup | None) -> None:
         super().__init__(rank, size)  # type: ignore[call-arg]  # the Python subclass's constructor
         self.inner = inner
+        self.generation = 0
+        #: Set by the trainer (ResilientGroup.settle): works become abortable. None: plain works.
+        self.settle: Settle | None = None
         self._name = ""
         self._desc = ""
 
@@ -86,54 +127,74 @@ class StableGroup(dist.ProcessGroup):
     def getGroupDesc(self) -> str:
         return self._desc
 
+    def _bound(self) -> dist.ProcessGroup:
+        if self.inner is None:
+            raise NotConnected(
+                f"process group {self._name or 'WORLD'} is not connected yet: ResilientTrainer(mesh=...) connects"
+                " the mesh's groups (and reconnects them after every recovery)"
+            )
+        return self.inner
+
+    def _track(self, work: Any, what: str) -> Any:
+        return work if self.settle is None else AbortableWork(work, what, self.generation, self.settle)
+
     # Collectives: forwarded to this generation's group. The signatures are the C++ virtuals' that
     # torch's trampoline calls, not the Python overloads torch's stubs describe (hence the ignores).
     def allreduce(self, tensors: Any, opts: Any) -> Any:  # type: ignore[override]
-        return self.inner.allreduce(tensors, opts)
+        return self._track(self._bound().allreduce(tensors, opts), "allreduce")
 
     def allreduce_coalesced(self, tensors: Any, opts: Any) -> Any:  # type: ignore[override]
-        return self.inner.allreduce_coalesced(tensors, opts)
+        return self._track(self._bound().allreduce_coalesced(tensors, opts), "allreduce_coalesced")
 
     def allgather(self, outputs: Any, inputs: Any, opts: Any) -> Any:  # type: ignore[override]
-        return self.inner.allgather(outputs, inputs, opts)
+        return self._track(self._bound().allgather(outputs, inputs, opts), "allgather")
 
     def all_gather_single(self, output: Any, input: Any, opts: Any) -> Any:  # type: ignore[override]
-        return self.inner.all_gather_single(output, input, opts)
+        return self._track(self._bound().all_gather_single(output, input, opts), "all_gather")
 
     def _allgather_base(self, output: Any, input: Any, opts: Any) -> Any:  # type: ignore[override]
-        return self.inner._allgather_base(output, input, opts)
+        return self._track(self._bound()._allgather_base(output, input, opts), "all_gather")
 
     def reduce_scatter_single(self, output: Any, input: Any, opts: Any) -> Any:
-        return self.inner.reduce_scatter_single(output, input, opts)
+        return self._track(self._bound().reduce_scatter_single(output, input, opts), "reduce_scatter")
 
     def _reduce_scatter_base(self, output: Any, input: Any, opts: Any) -> Any:
-        return self.inner._reduce_scatter_base(output, input, opts)
+        return self._track(self._bound()._reduce_scatter_base(output, input, opts), "reduce_scatter")
 
     def broadcast(self, tensors: Any, opts: Any) -> Any:  # type: ignore[override]
-        return self.inner.broadcast(tensors, opts)
+        return self._track(self._bound().broadcast(tensors, opts), "broadcast")
 
     def barrier(self, opts: Any) -> Any:  # type: ignore[override]
-        return self.inner.barrier(opts)
+        return self._track(self._bound().barrier(opts), "barrier")
 
+    # Point to point: plain works (gloo's cannot be waited for in slices, docs/adr/0038).
     def send(self, tensors: Any, dst: int, tag: int) -> Any:
-        return self.inner.send(tensors, dst, tag)
+        return self._bound().send(tensors, dst, tag)
 
     def recv(self, tensors: Any, src: int, tag: int) -> Any:
-        return self.inner.recv(tensors, src, tag)
+        return self._bound().recv(tensors, src, tag)
+
+
+@dataclass(frozen=True, slots=True)
+class Connected:
+    """One generation's real groups for a mesh: the world's and each sub-group's, by name."""
+
+    generation: int
+    world: dist.ProcessGroup
+    subgroups: dict[str, dist.ProcessGroup]
 
 
 class WorldGroup(StableGroup):
-    """The default group: the world, and the maker of the mesh's sub-groups (``new_group``)."""
+    """The default group: the world, and the maker of the mesh's sub-groups (``new_group``).
 
-    def __init__(self, rank: int, size: int, factory: GroupFactory) -> None:
+    Made unconnected (no network: a script builds its mesh, model and optimizer before the trainer
+    joins the job), unless a ``factory`` connects each group at once (tests without an agent)."""
+
+    def __init__(self, rank: int, size: int, factory: GroupFactory | None = None) -> None:
         self.factory = factory
-        self.generation = 0
-        super().__init__(rank, size, factory(self._prefix("world"), rank, size))
+        super().__init__(rank, size, factory(_prefix(0, "world"), rank, size) if factory else None)
         #: The sub-groups this rank belongs to, by name.
         self.subgroups: dict[str, StableGroup] = {}
-
-    def _prefix(self, name: str) -> str:
-        return f"g{self.generation}/{name}"
 
     def new_group(
         self,
@@ -149,44 +210,91 @@ class WorldGroup(StableGroup):
             return None
         name = group_name or "-".join(map(str, members))
         rank = members.index(self.rank())
-        group = StableGroup(rank, len(members), self.factory(self._prefix(name), rank, len(members)))
+        inner = self.factory(_prefix(self.generation, name), rank, len(members)) if self.factory else None
+        group = StableGroup(rank, len(members), inner)
+        group.generation, group.settle = self.generation, self.settle
         group._set_group_name(name)  # type: ignore[arg-type]  # a GroupName is a str
         if group_desc:
             group._set_group_desc(group_desc)
         self.subgroups[name] = group
         return group
 
+    def stable_groups(self) -> list[StableGroup]:
+        """The world, then every sub-group by name (one order on every rank)."""
+        return [self, *(group for _, group in sorted(self.subgroups.items()))]
+
+    def connect(self, generation: int, factory: GroupFactory, world: dist.ProcessGroup | None = None) -> Connected:
+        """Make ``generation``'s real groups (the world's may be given: the trainer's generation
+        group), in one order on every rank, so that their connections never wait on each other.
+        Changes nothing here: :meth:`install` does (a connect left behind by an abort must not
+        install its groups later)."""
+        made = world if world is not None else factory(_prefix(generation, "world"), self.rank(), self.size())
+        return Connected(
+            generation,
+            made,
+            {
+                name: factory(_prefix(generation, name), group.rank(), group.size())
+                for name, group in sorted(self.subgroups.items())
+            },
+        )
+
+    def install(self, connected: Connected) -> list[dist.ProcessGroup]:
+        """Move the world and every sub-group to ``connected``'s groups; returns the groups they
+        leave (kept alive by the caller: a gloo thread may still be blocked in one)."""
+        left: list[dist.ProcessGroup] = []
+        for group in self.stable_groups():
+            inner = connected.world if group is self else connected.subgroups[group.getGroupName()]
+            if group.inner is not None and group.inner is not inner:
+                left.append(group.inner)
+            group.inner, group.generation = inner, connected.generation
+        return left
+
     def rebind(self, generation: int) -> None:
-        """Move the world and every sub-group to ``generation``'s real groups (made in one order
-        on every rank, so their connections never wait on each other)."""
-        self.generation = generation
-        self.inner = self.factory(self._prefix("world"), self.rank(), self.size())
-        for name, group in sorted(self.subgroups.items()):
-            group.inner = self.factory(self._prefix(name), group.rank(), group.size())
+        """Connect and install ``generation``'s groups with this group's own factory."""
+        if self.factory is None:
+            raise NotConnected("rebind needs a factory; ResilientTrainer(mesh=...) connects the groups itself")
+        self.install(self.connect(generation, self.factory))
+
+    def watch(self, settle: Settle | None) -> None:
+        """Make every group's works abortable through ``settle`` (None: plain works)."""
+        for group in self.stable_groups():
+            group.settle = settle
+
+
+def _prefix(generation: int, name: str) -> str:
+    """Where a group's keys live: the world's under ``g<n>/world``, a sub-group's under ``g<n>/sub/``
+    (torch names them by a counter: kept apart from the generation's own keys)."""
+    return f"g{generation}/world" if name == "world" else f"g{generation}/sub/{name}"
 
 
 def resilient_mesh(
     shape: tuple[int, ...],
     names: tuple[str, ...],
     *,
-    store: dist.Store,
-    rank: int,
-    world_size: int,
+    store: dist.Store | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
     factory: GroupFactory | None = None,
 ) -> tuple[Any, WorldGroup]:
-    """``init_device_mesh("cpu", shape)`` over stable groups; returns the mesh and the world group
-    (whose :meth:`WorldGroup.rebind` moves every group of the mesh to a new generation). Once per
-    process, as ``init_process_group`` is."""
+    """``init_device_mesh("cpu", shape)`` over stable groups; returns the mesh and the world group.
+    Once per process, as ``init_process_group`` is.
+
+    Under recoverd, call it with the shape and names only: no network yet (rank and world size
+    come from the environment), and ``ResilientTrainer(model, optimizer, mesh=mesh)`` connects
+    the groups, and reconnects them on every recovery. With a ``store`` (or ``factory``) the groups
+    are gloo groups on it at once, and :meth:`WorldGroup.rebind` moves them (tests, no agent)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    make = factory or gloo_group(store)
+    rank = int(os.environ["RANK"]) if rank is None else rank
+    world_size = int(os.environ["WORLD_SIZE"]) if world_size is None else world_size
+    make = factory or (gloo_group(store) if store is not None else None)
 
     def create(opts: Any, backend_options: Any = None) -> WorldGroup:
         return WorldGroup(opts.group_rank, opts.group_size, make)
 
     if BACKEND not in dist.Backend.backend_list:
         dist.Backend.register_backend(BACKEND, create, extended_api=True, devices=["cpu"])
-    dist.init_process_group(BACKEND, store=store, rank=rank, world_size=world_size)
+    dist.init_process_group(BACKEND, store=store or dist.HashStore(), rank=rank, world_size=world_size)
     world = dist.group.WORLD
     if not isinstance(world, WorldGroup):
         raise RuntimeError(f"the default process group is a {type(world).__name__}, not recoverd's stable one")
@@ -195,7 +303,8 @@ def resilient_mesh(
 
 def local_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """This rank's shard of the training state, as plain tensors: each parameter's local shard,
-    its optimizer state (DTensors as their local shards, marked), and the CPU RNG state. What a
+    its optimizer state (DTensors as their local shards, marked), the optimizer's hyper-parameters
+    and the CPU RNG state. What a
     twin sends a replacement (its twin holds the same shard: docs/adr/0047)."""
     from torch.distributed.tensor import DTensor
 
@@ -206,6 +315,8 @@ def local_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dic
             {key: (isinstance(value, DTensor), _local(value).clone()) for key, value in optimizer.state[p].items()}
             for p in params
         ],
+        # Hyper-parameters a scheduler may have changed (the learning rate).
+        "groups": [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups],
         "rng": torch.get_rng_state(),
     }
 
@@ -232,6 +343,8 @@ def load_local_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, s
             else value
             for key, (was_dtensor, value) in saved.items()
         }
+    for group, saved_group in zip(optimizer.param_groups, state.get("groups", ()), strict=False):
+        group.update(saved_group)
     torch.set_rng_state(state["rng"])
 
 

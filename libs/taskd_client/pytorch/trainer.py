@@ -61,12 +61,13 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from recoverd.keys import Keyspace, RunRef
 from taskd_client import progress
-from taskd_client.pytorch.agreement import Holding, Kind, agree, must_read_checkpoints
+from taskd_client.pytorch.agreement import Holding, Kind, NoTwin, agree, must_read_checkpoints
 from taskd_client.pytorch.group import GroupFailed, ResilientGroup, parse_backend
 from taskd_client.pytorch.store import open_store
 
 if TYPE_CHECKING:
     from taskd_client.pytorch.protocol import RecoveryProtocol
+    from taskd_client.pytorch.twins import TwinHealing
 
 __all__ = ["BACKEND_ENV", "RankEnv", "ResilientTrainer", "RetryableFault", "default_backend"]
 
@@ -163,6 +164,8 @@ class ResilientTrainer:
         backend: str | None = None,
         ddp: DdpSpec = False,
         protocol: RecoveryProtocol | None = None,
+        mesh: Any = None,
+        replicate_dim: str = "replicate",
     ) -> None:
         self.env = env or RankEnv.from_environ()
         self.model = model
@@ -184,6 +187,18 @@ class ResilientTrainer:
         #: Each rank says what it holds as it joins a generation (read back in :meth:`_sync`).
         self.group.joining_note = lambda: self._holding().to_note()
         self._ddp_spec: DdpSpec = ddp
+        #: A sharded model's healing from its twins (``mesh=``: twins.py); None: every rank holds
+        #: the whole model (data parallel).
+        self._twins: TwinHealing | None = None
+        if mesh is not None:
+            if ddp is not False or load_state is not None or protocol is not None:
+                raise ValueError(
+                    "mesh= (a sharded model) does not take ddp=, load_state= or protocol= yet: FSDP2 reduces the"
+                    " gradients itself, and a checkpoint is read by recoverd's fallback (docs/pytorch.md)"
+                )
+            from taskd_client.pytorch.twins import TwinHealing
+
+            self._twins = TwinHealing(mesh, model, optimizer, self.group, replicate_dim=replicate_dim, extra=extra)
         #: The model wrapped in DistributedDataParallel on the current generation's group (``ddp=``),
         #: rebuilt on every recovery; call the model through it. None without ``ddp=``.
         self.ddp: torch.nn.Module | None = None
@@ -220,6 +235,8 @@ class ResilientTrainer:
                 self._applied = False
                 recoveries = self.recoveries
                 self._buffers = {name: b.detach().clone() for name, b in self.model.named_buffers()}
+                if self._twins is not None:
+                    self._twins.step_started()
                 self._step_started = time.monotonic()
                 yield self.step
                 if not self._applied and self.recoveries == recoveries:
@@ -252,8 +269,19 @@ class ResilientTrainer:
             self.group.abort(f"rank {self.rank} retries step {self.step}: {fault}")
             if self._state == _LIVE:
                 self._state = _SUSPECT  # repaired from a healthy peer in the agreement (if any)
+            if self._twins is not None:
+                self._twins.reset()
             self._recover("retry")
-        except RuntimeError as err:
+        except Exception as err:
+            if self._twins is not None and self._twins.interrupted(err, self.group):
+                # Out of FSDP2's hooks: a collective of the generation failed or was aborted.
+                self._emit(f"rank {self.rank}: step {self.step} interrupted: {str(err)[:160]}")
+                self.group.abort(f"step interrupted on rank {self.rank}: {str(err)[:100]}")
+                self._twins.reset()
+                self._recover("peer failure")
+                return
+            if not isinstance(err, RuntimeError):
+                raise
             # DDP's backward raises what its communication hook's future failed with.
             failed = self.group.hook_failure
             if self.ddp is None or failed is None:
@@ -266,7 +294,9 @@ class ResilientTrainer:
         """Average the gradients over every rank, then step the optimizer. False when a peer's
         failure interrupted the step: the group was re-formed and ``steps`` yields the agreed step."""
         busy_s = time.monotonic() - self._step_started  # this rank's own work, before the all-reduce
-        if self.ddp is not None:
+        if self._twins is not None:
+            pass  # FSDP2 reduced the gradients during the backward pass (and waited for them there)
+        elif self.ddp is not None:
             # DDP averaged the gradients during the backward pass (and waited for them there).
             if self._hooked == 0 and any(p.grad is not None for p in self.model.parameters()):
                 raise RuntimeError("with ddp=, run the model through trainer.ddp: these gradients were not averaged")
@@ -343,6 +373,8 @@ class ResilientTrainer:
             try:
                 generation = self.group.form(deadline=started + self.recover_timeout.total_seconds())
                 self.rank, self.world_size = self.group.rank, self.group.world_size  # may change (protocol.py)
+                if self._twins is not None:
+                    self._twins.connect(generation)
                 formed = time.monotonic()
                 resumed_with = self._sync()
                 self._wrap_ddp()
@@ -443,6 +475,16 @@ class ResilientTrainer:
         if must_read_checkpoints(everyone):
             self._read_checkpoint()
             everyone = self._holdings(device, as_joined=False)
+        if self._twins is not None:
+            try:
+                self.step, resumed_with = self._twins.sync(everyone, self.rank, self._emit)
+            except NoTwin as lost:
+                raise RuntimeError(
+                    f"rank {self.rank}: the model cannot be rebuilt from peers ({lost.reason}); exiting so that"
+                    " recoverd falls back to its next strategy"
+                ) from lost
+            self._state = _LIVE
+            return resumed_with
         agreed = agree(everyone)
         source = agreed.source
         ahead = self._state == max(h.kind for h in everyone) != _NONE and self.step > agreed.step

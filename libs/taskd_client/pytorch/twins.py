@@ -1,0 +1,180 @@
+"""The trainer's side of a sharded model (FSDP2, HSDP): a replacement is healed from its twin.
+
+With ``ResilientTrainer(model, optimizer, mesh=mesh)`` (a mesh from :func:`.mesh.resilient_mesh`)
+no rank holds the whole model: each holds a shard, and the ranks holding the same shard in the
+other replicas of the mesh's replicate dimension are its **twins** (bitwise equal after every step:
+they apply the same all-reduced gradients to the same shard). After a peer's death:
+
+1. a collective of the generation fails, or its abort releases it (the mesh's works are
+   :class:`~.mesh.AbortableWork`), and FSDP2's hooks raise it out of ``forward`` or ``backward``;
+2. :meth:`TwinHealing.reset` puts the interrupted step back: FSDP2's ``reset_iter_state`` (the
+   works left in flight are let go), gradients dropped, the RNG as it was at the step's start;
+3. the trainer forms the next generation, and :meth:`TwinHealing.connect` moves every group of the
+   mesh to it (the model, its DTensors and Adam's state keep the same group objects);
+4. :meth:`TwinHealing.sync` agrees on the step every shard holds (``agreement.agree_sharded``)
+   and each shard's source sends its shard (``mesh.local_state``: local parameter shards, Adam's
+   state, hyper-parameters, step-start RNG, buffers, ``extra``) to the ranks of that shard that
+   lack it, point to point; no other rank takes part.
+
+A shard that no rank holds any more (pure FSDP, or both twins lost) raises
+:class:`~.agreement.NoTwin`: the rank exits and recoverd falls back to its next strategy (the job's
+checkpoint). docs/adr/0047.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from taskd_client.pytorch.agreement import Holding, Kind, ShardedAgreement, agree_sharded
+from taskd_client.pytorch.group import GroupFailed, ResilientGroup
+from taskd_client.pytorch.mesh import WorldGroup, load_local_state, local_state
+
+__all__ = ["TwinHealing", "shard_of_ranks"]
+
+
+def shard_of_ranks(mesh: Any, replicate_dim: str) -> list[int]:
+    """The shard each global rank holds: its coordinates on the mesh's other dimensions (ranks
+    that differ only on ``replicate_dim`` hold the same shard). ValueError naming the mesh's
+    dimensions when it has no ``replicate_dim``."""
+    names = tuple(mesh.mesh_dim_names or ())
+    if replicate_dim not in names:
+        raise ValueError(
+            f"the mesh's dimensions are {names}: a twin needs a replicate dimension named {replicate_dim!r}"
+            " (replicate_dim=)"
+        )
+    ranks = mesh.mesh.movedim(names.index(replicate_dim), 0)
+    columns = ranks.reshape(ranks.shape[0], -1)
+    shard_of = [0] * int(ranks.numel())
+    for shard in range(columns.shape[1]):
+        for rank in columns[:, shard].tolist():
+            shard_of[int(rank)] = shard
+    return shard_of
+
+
+def _to_bytes(state: dict[str, Any]) -> torch.Tensor:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+
+
+class TwinHealing:
+    """See the module docstring. ``extra``: objects with state_dict()/load_state_dict() whose state
+    travels with the shard (an LR scheduler)."""
+
+    def __init__(
+        self,
+        mesh: Any,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        group: ResilientGroup,
+        *,
+        replicate_dim: str = "replicate",
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        world = dist.group.WORLD if dist.is_initialized() else None
+        if not isinstance(world, WorldGroup):
+            raise ValueError("mesh=: build the mesh with taskd_client.pytorch.mesh.resilient_mesh (stable groups)")
+        if group.device.type != "cpu":
+            raise ValueError("mesh=: sharded models are healed over gloo on the CPU only, for now (docs/pytorch.md)")
+        self.world = world
+        self.model = model
+        self.optimizer = optimizer
+        self.group = group
+        self.extra = extra or {}
+        #: shard_of[r]: the shard rank r holds (its twins hold the same).
+        self.shard_of = shard_of_ranks(mesh, replicate_dim)
+        if len(self.shard_of) != group.world_size:
+            raise ValueError(f"the mesh has {len(self.shard_of)} ranks; the job has {group.world_size}")
+        self._step_rng = torch.get_rng_state()
+        world.watch(group.settle)
+
+    # ------------------------------------------------------------------ each step
+    def step_started(self) -> None:
+        """Remember the RNG as the step starts: a step run again draws the same numbers."""
+        self._step_rng = torch.get_rng_state()
+
+    @staticmethod
+    def interrupted(error: BaseException, group: ResilientGroup) -> bool:
+        """Whether ``error`` (out of forward, backward or the optimizer) is the generation failing:
+        a GroupFailed, or anything raised after this rank left its generation (autograd may wrap
+        what a hook raised)."""
+        return isinstance(error, GroupFailed) or group.generation < 0
+
+    def reset(self) -> None:
+        """Put the interrupted step back before the next generation: FSDP2 forgets the iteration
+        (its in-flight works of the failed generation are let go), gradients are dropped (a
+        reduce-scatter may have written some), and the RNG is the step's start."""
+        from torch.distributed.fsdp import FSDPModule
+
+        self.group.dropping_stale_works = True
+        try:
+            if isinstance(self.model, FSDPModule):
+                self.model.reset_iter_state()
+        finally:
+            self.group.dropping_stale_works = False
+        self.optimizer.zero_grad(set_to_none=True)
+        torch.set_rng_state(self._step_rng)
+
+    # ------------------------------------------------------------------ each generation
+    def connect(self, number: int) -> None:
+        """Move every group of the mesh to generation ``number`` (formed by the trainer: the world's
+        group is its own). The sub-groups connect on a helper thread, left behind if the generation
+        is aborted meanwhile; the groups they leave are parked, never destroyed."""
+
+        def make(prefix: str, rank: int, size: int) -> Any:
+            return self.group.connect_group(number, prefix, rank, size)
+
+        connected = self.group.run_abortable(
+            "mesh-connect", lambda: self.world.connect(number, make, world=self.group.process_group)
+        )
+        for left in self.world.install(connected):
+            if left is not connected.world:
+                self.group.park(left)
+
+    def sync(self, everyone: Sequence[Holding], rank: int, emit: Callable[[str], None]) -> tuple[int, str]:
+        """Agree on the step (:func:`agree_sharded`) and heal the ranks that need it from their
+        shard's source. Returns the agreed step and what this rank resumes with."""
+        agreed = agree_sharded(everyone, self.shard_of)  # NoTwin: the caller's rank exits
+        shard = self.shard_of[rank]
+        source, receivers = agreed.sources[shard], agreed.receivers[shard]
+        mine = everyone[rank]
+        if mine.kind == max(h.kind for h in everyone) != Kind.NONE and mine.step > agreed.step:
+            emit(f"rank {rank}: back from step {mine.step} to {agreed.step}")
+        if rank == source and receivers:
+            self.group.share(_to_bytes(self._state()), source, receivers)
+        elif rank in receivers:
+            received = self.group.share(None, source, receivers)
+            assert received is not None
+            self._load(torch.load(io.BytesIO(received.numpy().tobytes()), weights_only=False))
+        return agreed.step, self._resumed_with(agreed, rank)
+
+    def _resumed_with(self, agreed: ShardedAgreement, rank: int) -> str:
+        shard = self.shard_of[rank]
+        source, receivers = agreed.sources[shard], agreed.receivers[shard]
+        if rank in receivers:
+            return f"the shard of rank {source} (its twin)"
+        if rank == source and receivers:
+            return f"its own shard {shard} (sent to rank {', '.join(map(str, receivers))})"
+        return f"its own shard {shard}"
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "shard": local_state(self.model, self.optimizer),
+            "buffers": {name: b.detach().clone() for name, b in self.model.named_buffers()},
+            "extra": {name: obj.state_dict() for name, obj in self.extra.items()},
+        }
+
+    def _load(self, state: dict[str, Any]) -> None:
+        load_local_state(self.model, self.optimizer, state["shard"])
+        with torch.no_grad():
+            for name, buffer in self.model.named_buffers():
+                if name in state["buffers"]:
+                    buffer.copy_(state["buffers"][name])
+        for name, obj in self.extra.items():
+            if name in state["extra"]:
+                obj.load_state_dict(state["extra"][name])

@@ -1,0 +1,110 @@
+"""examples/fsdp_train.py under recoverd: a sharded model (FSDP2, HSDP 2 x 2) whose killed rank is
+healed from its twin, with the survivors' processes kept, and bitwise the fault-free run's shards.
+
+Real etcd, the services as separate processes, 4 ranks of real PyTorch (gloo, CPU) on a
+replicate x shard mesh over recoverd's stable groups (issue 26, docs/adr/0047); a rank SIGKILLed at
+a random step and moment (inside FSDP2's all-gathers, reduce-scatters or all-reduces, or between).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import sys
+import time
+
+import pytest
+
+from . import cluster as harness
+from .cluster import ROOT, Cluster
+from .test_pytorch import _done_steps, _final, _log, _not_steps, _warm_log, _warm_server_ready
+
+pytest.importorskip("torch", reason="PyTorch is not installed (pip install -r requirements-torch.txt)")
+
+pytestmark = pytest.mark.etcd
+
+FSDP = str(ROOT / "examples" / "fsdp_train.py")
+WORLD = 4
+STEPS = 60
+ARGS = ("--steps", str(STEPS), "--step-sleep", "0.01", "--seed", "5")
+
+
+def _twin(rank: int) -> int:
+    """The rank holding the same shard in the other replica of the 2 x 2 mesh ([[0, 1], [2, 3]])."""
+    return (rank + 2) % WORLD
+
+
+def _run(cluster: Cluster, job: str) -> None:
+    cluster.agent(job, nproc=WORLD, strategies="recover-in-place,exit", command=[sys.executable, FSDP, *ARGS])
+
+
+def _finals(cluster: Cluster, job: str) -> dict[int, str | None]:
+    assert cluster.wait_exit("agent-node0", timeout=180) == 0, cluster.logs()
+    return {r: _final(_log(cluster, job, r), r) for r in range(WORLD)}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory, etcd_server) -> dict[int, str | None]:  # type: ignore[no-untyped-def]
+    """Each rank's shard hash in a fault-free run: twins hold the same shard, bit for bit."""
+    cluster = Cluster(etcd_server.endpoint, f"/fsdpref{os.getpid()}/v1", tmp_path_factory.mktemp("fsdpref"))
+    try:
+        cluster.coordinator()
+        cluster.strategy()
+        _run(cluster, "job-fsdp-ref")
+        finals = _finals(cluster, "job-fsdp-ref")
+    finally:
+        cluster.close()
+    assert None not in finals.values(), finals
+    assert finals[0] == finals[2] and finals[1] == finals[3] and finals[0] != finals[1], finals
+    return finals
+
+
+# One run at a random victim in make test; every victim in make test-slow.
+@pytest.mark.parametrize(
+    "victim",
+    [pytest.param(None, id="random"), *(pytest.param(r, id=f"rank{r}", marks=pytest.mark.slow) for r in range(WORLD))],
+)
+def test_a_killed_fsdp_rank_is_healed_from_its_twin(
+    cluster: Cluster, reference: dict[int, str | None], victim: int | None
+) -> None:
+    victim = random.randrange(WORLD) if victim is None else victim
+    job = f"job-fsdp-{victim}-{random.randrange(10**6)}"
+    cluster.coordinator()
+    cluster.strategy()
+    _run(cluster, job)
+    before = cluster.wait_running(job, WORLD, timeout=60)
+    # The replacement is forked from the warm-start server, once it is ready (see test_pytorch.py).
+    cluster.wait_for("the warm-start server", lambda: _warm_server_ready(cluster), timeout=120)
+    cluster.wait_for("the standby's store", lambda: "etcd store made ahead" in _warm_log(cluster, job), timeout=60)
+    now = max(_done_steps(_log(cluster, job, victim), victim), default=-1)
+    target = random.randrange(max(5, now + 2), max(STEPS // 2, now + 3))
+    assert target < STEPS - 5, f"training ran to step {now} before the warm-start server was ready"
+    cluster.wait_for(f"step {target}", lambda: target in _done_steps(_log(cluster, job, victim), victim), timeout=60)
+    time.sleep(random.uniform(0.0, 0.02))
+    os.kill(before[victim].pid, signal.SIGKILL)
+
+    finals = _finals(cluster, job)
+    after = cluster.ranks(job)
+    logs = {r: _log(cluster, job, r) for r in range(WORLD)}
+    story = f"victim {victim} at step {target}\n" + "\n".join(
+        f"--- rank {r}:\n{_not_steps(text)[-3000:]}" for r, text in logs.items()
+    )
+    survivors = [r for r in range(WORLD) if r != victim]
+    assert all(after[r].pid == before[r].pid and after[r].restart_count == 0 for r in survivors), story
+    assert after[victim].restart_count == 1 and after[victim].pid != before[victim].pid, story
+    for r in survivors:
+        resumed = [int(s) for s in re.findall(r"resuming at step (\d+)", logs[r])]
+        assert len(resumed) == 2 and resumed[0] == 0 and resumed[1] >= target, (r, resumed, story)
+        assert set(_done_steps(logs[r], r)) == set(range(STEPS)), story
+    # The replacement took its shard from its twin, not from a checkpoint.
+    assert f"with the shard of rank {_twin(victim)} (its twin)" in logs[victim], story
+    # Bitwise the fault-free run's shards, in every rank (the replacement included).
+    assert finals == reference, story
+    assert "(warm start) ====" in logs[victim], story
+    view = cluster.view(job)
+    assert [(o.strategy, o.ok) for o in view.history.outcomes] == [("recover-in-place", True)], story  # type: ignore[union-attr]
+
+
+_ = harness  # the cluster fixture's module

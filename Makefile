@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 ## late from holding up the end (make test 5m42s -> 4m41s of tests). PYTEST_WORKERS=0 runs them in one.
 PYTEST_WORKERS ?= 3
 
-.PHONY: test-slow all venv torch demo-torch bench bench-hangs bench-node-loss bench-scale bench-tls bench-ddp proto demo test test-unit chaos lint format typecheck clean fresh-clone-test msrun-venv test-msrun
+.PHONY: test-slow all venv torch demo-torch bench bench-hangs bench-node-loss bench-scale bench-tls bench-ddp bench-fsdp proto demo test test-unit chaos lint format typecheck clean fresh-clone-test msrun-venv test-msrun
 
 all: test
 
@@ -71,6 +71,12 @@ DDP_ARGS ?=
 bench-ddp: $(TORCH_STAMP)
 	$(PY) bench/ddp_overhead.py --step-sleep 0.01 $(DDP_ARGS)
 	$(PY) bench/ddp_overhead.py --step-sleep 0 --name ddp_overhead_no_compute $(DDP_ARGS)
+
+## A sharded model (FSDP2, HSDP 2 x 2, 4 CPU ranks): SIGKILL -> next step, recoverd healing from the
+## twin against torchrun resuming from its DCP checkpoint, side by side (~4 min; bench/results/fsdp.*).
+FSDP_ARGS ?=
+bench-fsdp: $(TORCH_STAMP)
+	$(PY) bench/fsdp.py $(FSDP_ARGS)
 
 ## What TLS and authentication cost each etcd call: plaintext, TLS, TLS + per-job user, side by side
 ## (~1 min; bench/results/tls.{json,md}; docs/security.md).

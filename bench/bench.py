@@ -212,7 +212,8 @@ def rank_pid(job: Job, rank: int) -> int:
                 if env.get("RANK") != str(rank) or "RECOVERD_WARM_SPARE_FD" in env:
                     continue
                 if child.name().startswith("python") and any(
-                    part.endswith(("ddp_train.py", "plain_ddp.py", "worker.py")) for part in child.cmdline()
+                    part.endswith(("ddp_train.py", "plain_ddp.py", "fsdp_train.py", "worker.py"))
+                    for part in child.cmdline()
                 ):
                     return int(child.pid)
             except psutil.Error:

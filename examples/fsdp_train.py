@@ -36,7 +36,8 @@ import torch
 from torch import nn
 
 IN, HIDDEN, OUT = 64, 256, 16
-SHAPE, NAMES = (2, 2), ("replicate", "shard")
+#: --mesh: HSDP (two replicas of a model sharded over two ranks: twins) or pure FSDP (no twin).
+MESHES = {"hsdp": ((2, 2), ("replicate", "shard")), "fsdp": ((4,), ("shard",))}
 
 
 def make_model(seed: int, mesh: Any) -> nn.Module:
@@ -79,8 +80,9 @@ def done(rank: int, step: int) -> None:
 def train_step(
     model: nn.Module, optimizer: torch.optim.Optimizer, args: argparse.Namespace, step: int, rank: int
 ) -> None:
+    shape, _names = MESHES[args.mesh]
     optimizer.zero_grad(set_to_none=True)
-    x, y = batch(args.seed, step, rank // SHAPE[1], args.batch)
+    x, y = batch(args.seed, step, rank // shape[-1] if len(shape) > 1 else rank, args.batch)
     nn.functional.cross_entropy(model(x), y).backward()  # FSDP2 reduces the gradients here
     time.sleep(args.step_sleep)
 
@@ -91,12 +93,17 @@ def run_recoverd(args: argparse.Namespace) -> int:
 
     wait_for_rank()  # a warm spare waits here, torch imported, to be given a rank
     rank = int(os.environ["RANK"])
-    mesh, _ = resilient_mesh(SHAPE, NAMES)  # no network: the trainer connects the groups
+    mesh, _ = resilient_mesh(*MESHES[args.mesh])  # no network: the trainer connects the groups
     model = make_model(args.seed, mesh)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     say = lambda text: print(f"{text} (at {time.time():.6f})", flush=True)  # noqa: E731
     trainer = ResilientTrainer(
-        model, optimizer, mesh=mesh, timeout=timedelta(seconds=args.collective_timeout), on_event=say
+        model,
+        optimizer,
+        mesh=mesh,
+        ram_copy_every=args.ram_copy_every,
+        timeout=timedelta(seconds=args.collective_timeout),
+        on_event=say,
     )
     for step in trainer.steps(args.steps):
         with trainer.step_scope():
@@ -123,7 +130,8 @@ def run_torchrun(args: argparse.Namespace) -> int:
                         timeout=timedelta(seconds=30))  # fmt: skip
     dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt{attempt}", tcp), rank=rank, world_size=world,
                             timeout=timedelta(seconds=args.collective_timeout))  # fmt: skip
-    mesh = init_device_mesh("cpu", SHAPE, mesh_dim_names=NAMES)
+    shape, names = MESHES[args.mesh]
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
     model = make_model(args.seed, mesh)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     ckpt = Path(args.ckpt_dir) if args.ckpt_dir else None
@@ -155,6 +163,13 @@ def run_torchrun(args: argparse.Namespace) -> int:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--launcher", choices=("recoverd", "torchrun"), default="recoverd")
+    parser.add_argument("--mesh", choices=tuple(MESHES), default="hsdp", help="HSDP 2 x 2 (twins) or FSDP over 4")
+    parser.add_argument(
+        "--ram-copy-every",
+        type=int,
+        default=0,
+        help="recoverd: keep a copy of a peer's shard in RAM every N steps (what heals pure FSDP)",
+    )
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seed", type=int, default=1)

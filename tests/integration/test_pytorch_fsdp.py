@@ -36,8 +36,13 @@ def _twin(rank: int) -> int:
     return (rank + 2) % WORLD
 
 
-def _run(cluster: Cluster, job: str) -> None:
-    cluster.agent(job, nproc=WORLD, strategies="recover-in-place,exit", command=[sys.executable, FSDP, *ARGS])
+#: Pure FSDP over 4 ranks (no twin), a copy of each shard in a peer's RAM every 10 steps.
+PURE = ("--mesh", "fsdp", "--ram-copy-every", "10")
+
+
+def _run(cluster: Cluster, job: str, extra: tuple[str, ...] = ()) -> None:
+    command = [sys.executable, FSDP, *ARGS, *extra]
+    cluster.agent(job, nproc=WORLD, strategies="recover-in-place,exit", command=command)
 
 
 def _finals(cluster: Cluster, job: str) -> dict[int, str | None]:
@@ -45,19 +50,34 @@ def _finals(cluster: Cluster, job: str) -> dict[int, str | None]:
     return {r: _final(_log(cluster, job, r), r) for r in range(WORLD)}
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory, etcd_server) -> dict[int, str | None]:  # type: ignore[no-untyped-def]
-    """Each rank's shard hash in a fault-free run: twins hold the same shard, bit for bit."""
-    cluster = Cluster(etcd_server.endpoint, f"/fsdpref{os.getpid()}/v1", tmp_path_factory.mktemp("fsdpref"))
+def _reference(tmp_path_factory: pytest.TempPathFactory, etcd_server, extra: tuple[str, ...]) -> dict[int, str | None]:  # type: ignore[no-untyped-def]
+    """Each rank's shard hash in a fault-free run."""
+    name = f"fsdpref{len(extra)}"
+    cluster = Cluster(etcd_server.endpoint, f"/{name}{os.getpid()}/v1", tmp_path_factory.mktemp(name))
     try:
         cluster.coordinator()
         cluster.strategy()
-        _run(cluster, "job-fsdp-ref")
+        _run(cluster, "job-fsdp-ref", extra)
         finals = _finals(cluster, "job-fsdp-ref")
     finally:
         cluster.close()
     assert None not in finals.values(), finals
+    return finals
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory, etcd_server) -> dict[int, str | None]:  # type: ignore[no-untyped-def]
+    """HSDP 2 x 2: twins hold the same shard, bit for bit."""
+    finals = _reference(tmp_path_factory, etcd_server, ())
     assert finals[0] == finals[2] and finals[1] == finals[3] and finals[0] != finals[1], finals
+    return finals
+
+
+@pytest.fixture(scope="module")
+def reference_pure(tmp_path_factory: pytest.TempPathFactory, etcd_server) -> dict[int, str | None]:  # type: ignore[no-untyped-def]
+    """Pure FSDP: four different shards."""
+    finals = _reference(tmp_path_factory, etcd_server, PURE)
+    assert len(set(finals.values())) == WORLD, finals
     return finals
 
 
@@ -108,3 +128,45 @@ def test_a_killed_fsdp_rank_is_healed_from_its_twin(
 
 
 _ = harness  # the cluster fixture's module
+
+
+@pytest.mark.slow  # two 4-rank jobs (the reference and the run): make test-slow
+def test_a_killed_pure_fsdp_rank_is_restored_from_a_peer_s_ram_copy(
+    cluster: Cluster, reference_pure: dict[int, str | None]
+) -> None:
+    """No twin: every rank goes back to the last copy step, the replacement takes its shard from
+    the RAM of the rank holding its copy (rank + 1), and the steps since are run again; no disk."""
+    victim = random.randrange(WORLD)
+    job = f"job-fsdp-pure-{victim}-{random.randrange(10**6)}"
+    cluster.coordinator()
+    cluster.strategy()
+    _run(cluster, job, PURE)
+    before = cluster.wait_running(job, WORLD, timeout=60)
+    cluster.wait_for("the warm-start server", lambda: _warm_server_ready(cluster), timeout=120)
+    now = max(_done_steps(_log(cluster, job, victim), victim), default=-1)
+    target = random.randrange(max(12, now + 2), max(STEPS // 2 + 5, now + 3))
+    assert target < STEPS - 5, f"training ran to step {now} before the warm-start server was ready"
+    cluster.wait_for(f"step {target}", lambda: target in _done_steps(_log(cluster, job, victim), victim), timeout=60)
+    time.sleep(random.uniform(0.0, 0.02))
+    os.kill(before[victim].pid, signal.SIGKILL)
+
+    finals = _finals(cluster, job)
+    after = cluster.ranks(job)
+    logs = {r: _log(cluster, job, r) for r in range(WORLD)}
+    story = f"victim {victim} after step {target}\n" + "\n".join(
+        f"--- rank {r}:\n{_not_steps(text)[-3000:]}" for r, text in logs.items()
+    )
+    survivors = [r for r in range(WORLD) if r != victim]
+    assert all(after[r].pid == before[r].pid and after[r].restart_count == 0 for r in survivors), story
+    assert after[victim].restart_count == 1, story
+    restored = re.findall(
+        r"resuming at step (\d+) with its shard as of step \d+ from rank (\d+)'s RAM copy", logs[victim]
+    )
+    assert restored and int(restored[0][1]) == (victim + 1) % WORLD, story
+    step = int(restored[0][0])
+    assert step % 10 == 0 and step <= target + 1, story
+    for r in survivors:
+        assert f"to step {step}, the last RAM copy" in logs[r], story
+        assert set(_done_steps(logs[r], r)) == set(range(STEPS)), story
+    # The steps since the copy were run again, and the run is bitwise the fault-free one.
+    assert finals == reference_pure, story

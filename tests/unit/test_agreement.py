@@ -140,3 +140,28 @@ def test_bad_shard_maps_are_refused() -> None:
         agree_sharded([LIVE5] * 4, (0, 1))
     with pytest.raises(ValueError, match=r"numbered 0\.\.n-1"):
         agree_sharded([LIVE5] * 2, (0, 2))
+
+
+def test_a_shard_a_step_ahead_goes_back_on_its_own_with_its_previous_state() -> None:
+    # Seen in make bench-fsdp: rank 1 died between its replica's reduce-scatter and its all-reduce
+    # across replicas; shard 0's ranks (0, 2) completed step 60, rank 3 (rank 1's twin) did not.
+    ahead = Holding(Kind.LIVE, 61, previous=True)
+    everyone = [ahead, Holding(Kind.NONE, 0), ahead, Holding(Kind.LIVE, 60, previous=True)]
+    agreed = agree_sharded(everyone, HSDP)
+    assert (agreed.step, agreed.sources, agreed.receivers, agreed.back) == (60, (0, 3), ((), (1,)), (0, 2))
+    # Without the previous state the same world has no common step (the failure the copy removes).
+    with pytest.raises(NoTwin):
+        agree_sharded([Holding(Kind.LIVE, 61), Holding(Kind.NONE, 0), Holding(Kind.LIVE, 61), LIVE5], HSDP)
+
+
+def test_a_rank_at_the_step_is_preferred_as_source_to_one_that_goes_back() -> None:
+    everyone = [Holding(Kind.LIVE, 6, previous=True), LIVE5, LIVE5, Holding(Kind.NONE, 0)]
+    agreed = agree_sharded(everyone, HSDP)
+    assert (agreed.step, agreed.sources, agreed.receivers, agreed.back) == (5, (2, 1), ((), (3,)), (0,))
+
+
+def test_a_holding_with_its_previous_state_round_trips_through_its_note() -> None:
+    for holding in (Holding(Kind.LIVE, 7, previous=True), Holding(Kind.LIVE, 7), Holding(Kind.NONE, 0, True)):
+        assert Holding.from_note(holding.to_note()) == holding
+    assert Holding(Kind.LIVE, 7).to_note() == "holding1:3:7:0"  # unchanged for a rank that keeps none
+    assert Holding(Kind.LIVE, 7, previous=True).steps_held() == (6, 7)

@@ -58,10 +58,17 @@ class Holding:
     kind: Kind
     step: int
     unread_checkpoint: bool = False
+    #: It also holds its state as of one step back (a sharded model's rank keeps it: twins.py).
+    previous: bool = False
 
     def to_note(self) -> str:
         """The holding as a rank writes it when it joins a generation (ResilientGroup.joining_note)."""
-        return f"{_NOTE_TAG}:{int(self.kind)}:{self.step}:{int(self.unread_checkpoint)}"
+        note = f"{_NOTE_TAG}:{int(self.kind)}:{self.step}:{int(self.unread_checkpoint)}"
+        return f"{note}:1" if self.previous else note
+
+    def steps_held(self) -> tuple[int, ...]:
+        """The steps this rank can resume from: its own, and the one before where it kept it."""
+        return (self.step - 1, self.step) if self.previous and self.step > 0 else (self.step,)
 
     @classmethod
     def from_note(cls, note: str) -> Holding | None:
@@ -69,12 +76,12 @@ class Holding:
         to saying it again in a collective: they all read the same notes, so all fall back)."""
         tag, _, rest = note.partition(":")
         fields = rest.split(":")
-        if tag != _NOTE_TAG or len(fields) != 3 or not all(f.isdigit() for f in fields):
+        if tag != _NOTE_TAG or len(fields) not in (3, 4) or not all(f.isdigit() for f in fields):
             return None
-        kind, step, unread = (int(f) for f in fields)
-        if kind not in set(Kind) or unread > 1:
+        kind, step, unread, previous = (*(int(f) for f in fields), 0)[:4]
+        if kind not in set(Kind) or unread > 1 or previous > 1:
             return None
-        return cls(Kind(kind), step, bool(unread))
+        return cls(Kind(kind), step, bool(unread), bool(previous))
 
 
 #: Names the format of a holding's note (changed if the format ever changes).
@@ -139,6 +146,8 @@ class ShardedAgreement:
     sources: tuple[int, ...]
     #: shard -> the ranks holding that shard that take the source's state.
     receivers: tuple[tuple[int, ...], ...]
+    #: The ranks one step ahead that go back to ``step`` on their own (their previous state).
+    back: tuple[int, ...] = ()
 
     def source_for(self, rank: int) -> int | None:
         """The rank ``rank`` receives its shard from, or None when it keeps its own."""
@@ -151,8 +160,11 @@ def agree_sharded(everyone: Sequence[Holding], shard_of: Sequence[int]) -> Shard
 
     As :func:`agree`, with one more condition: the step must be one at which *every* shard has a
     holder of the freshest kind, since a shard lives only in its own replicas. Of such steps the
-    lowest is taken (a rank ahead is put back by its twin). A shard with no such holder at any
-    common step raises :class:`NoTwin` with the reason.
+    lowest is taken. A rank that kept its state of one step back (``Holding.previous``) holds both
+    steps: a rank ahead goes back on its own, and can be its shard's source at the step before
+    (FSDP2 interleaves a layer's reduce-scatter in its replica with its all-reduce across replicas,
+    so a peer's death can leave one shard's survivors a step ahead of another's). A shard with no
+    such holder at any common step raises :class:`NoTwin` with the reason.
     """
     if not everyone or len(shard_of) != len(everyone):
         raise ValueError("an agreement needs one holding and one shard per rank")
@@ -165,10 +177,13 @@ def agree_sharded(everyone: Sequence[Holding], shard_of: Sequence[int]) -> Shard
         # All fresh: each shard's first replica sends its shard to the others (DDP's first
         # broadcast, per shard).
         return ShardedAgreement(0, tuple(m[0] for m in members), tuple(m[1:] for m in members))
-    steps = sorted({h.step for h in everyone if h.kind == best})
+    steps = sorted({s for h in everyone if h.kind == best for s in h.steps_held()})
 
     def holders(shard: int, step: int) -> list[int]:
-        return [r for r in members[shard] if everyone[r].kind == best and everyone[r].step == step]
+        """The shard's holders at ``step``: those at it first, then those who go back to it."""
+        at = [r for r in members[shard] if everyone[r].kind == best and everyone[r].step == step]
+        back = [r for r in members[shard] if everyone[r].kind == best and step in everyone[r].steps_held()]
+        return at + [r for r in back if r not in at]
 
     step = next((s for s in steps if all(holders(k, s) for k in shards)), None)
     if step is None:
@@ -178,8 +193,10 @@ def agree_sharded(everyone: Sequence[Holding], shard_of: Sequence[int]) -> Shard
             f"shard {shard} (ranks {list(members[shard])}) has no {best.name.lower()} state at a step every"
             f" other shard has (steps held: {steps}): it cannot be rebuilt from a peer"
         )
-    sources = tuple(min(holders(k, step)) for k in shards)
+    sources = tuple(holders(k, step)[0] for k in shards)
+    back = tuple(r for r, h in enumerate(everyone) if h.kind == best == Kind.LIVE and h.step == step + 1 and h.previous)
     receivers = tuple(
-        tuple(r for r in members[k] if r != sources[k] and not _keeps_own(everyone[r], best, step)) for k in shards
+        tuple(r for r in members[k] if r != sources[k] and not _keeps_own(everyone[r], best, step) and r not in back)
+        for k in shards
     )
-    return ShardedAgreement(step, sources, receivers)
+    return ShardedAgreement(step, sources, receivers, back)

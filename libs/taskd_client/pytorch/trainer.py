@@ -166,6 +166,7 @@ class ResilientTrainer:
         protocol: RecoveryProtocol | None = None,
         mesh: Any = None,
         replicate_dim: str = "replicate",
+        ram_copy_every: int = 0,
     ) -> None:
         self.env = env or RankEnv.from_environ()
         self.model = model
@@ -198,7 +199,17 @@ class ResilientTrainer:
                 )
             from taskd_client.pytorch.twins import TwinHealing
 
-            self._twins = TwinHealing(mesh, model, optimizer, self.group, replicate_dim=replicate_dim, extra=extra)
+            self._twins = TwinHealing(
+                mesh,
+                model,
+                optimizer,
+                self.group,
+                replicate_dim=replicate_dim,
+                extra=extra,
+                ram_copy_every=ram_copy_every,
+            )
+        elif ram_copy_every:
+            raise ValueError("ram_copy_every= is for sharded models (mesh=): a DDP rank's peers hold its state")
         #: The model wrapped in DistributedDataParallel on the current generation's group (``ddp=``),
         #: rebuilt on every recovery; call the model through it. None without ``ddp=``.
         self.ddp: torch.nn.Module | None = None
@@ -236,7 +247,7 @@ class ResilientTrainer:
                 recoveries = self.recoveries
                 self._buffers = {name: b.detach().clone() for name, b in self.model.named_buffers()}
                 if self._twins is not None:
-                    self._twins.step_started()
+                    self._twins.step_started(self.step)
                 self._step_started = time.monotonic()
                 yield self.step
                 if not self._applied and self.recoveries == recoveries:
@@ -295,7 +306,8 @@ class ResilientTrainer:
         failure interrupted the step: the group was re-formed and ``steps`` yields the agreed step."""
         busy_s = time.monotonic() - self._step_started  # this rank's own work, before the all-reduce
         if self._twins is not None:
-            pass  # FSDP2 reduced the gradients during the backward pass (and waited for them there)
+            # FSDP2 reduced the gradients during the backward pass (and waited for them there).
+            self._twins.before_update(self.step, self._buffers)
         elif self.ddp is not None:
             # DDP averaged the gradients during the backward pass (and waited for them there).
             if self._hooked == 0 and any(p.grad is not None for p in self.model.parameters()):
@@ -440,7 +452,8 @@ class ResilientTrainer:
         it has a checkpoint it has not read (``load_state``; read only if no rank holds live
         state: reading it is on a replacement's critical path, ~10 ms on a loaded node for a small
         model)."""
-        return Holding(Kind(self._state), self.step, self._load_state is not None)
+        previous = self._twins is not None and self._twins.holds_previous(self.step)
+        return Holding(Kind(self._state), self.step, self._load_state is not None, previous)
 
     def _holdings(self, device: torch.device, *, as_joined: bool) -> list[Holding]:
         """Every rank's :meth:`_holding`. ``as_joined``: as each wrote it when it joined this

@@ -24,29 +24,31 @@ checkpoint). docs/adr/0047.
 from __future__ import annotations
 
 import io
+import logging
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from taskd_client.pytorch.agreement import Holding, Kind, ShardedAgreement, agree_sharded
+from taskd_client.pytorch.agreement import Holding, Kind, NoTwin, ShardedAgreement, agree_sharded
 from taskd_client.pytorch.group import GroupFailed, ResilientGroup
 from taskd_client.pytorch.mesh import WorldGroup, load_local_state, local_state
+from taskd_client.pytorch.ramcopies import KEPT, RamCopies, holder_of, plan_restore
 
 __all__ = ["TwinHealing", "shard_of_ranks"]
+
+log = logging.getLogger(__name__)
 
 
 def shard_of_ranks(mesh: Any, replicate_dim: str) -> list[int]:
     """The shard each global rank holds: its coordinates on the mesh's other dimensions (ranks
-    that differ only on ``replicate_dim`` hold the same shard). ValueError naming the mesh's
-    dimensions when it has no ``replicate_dim``."""
+    that differ only on ``replicate_dim`` hold the same shard). A mesh with no ``replicate_dim``
+    (pure FSDP) has one shard per rank: no twins."""
     names = tuple(mesh.mesh_dim_names or ())
     if replicate_dim not in names:
-        raise ValueError(
-            f"the mesh's dimensions are {names}: a twin needs a replicate dimension named {replicate_dim!r}"
-            " (replicate_dim=)"
-        )
+        return [int(r) for r in mesh.mesh.flatten().argsort().tolist()]  # no twins: a shard per rank
     ranks = mesh.mesh.movedim(names.index(replicate_dim), 0)
     columns = ranks.reshape(ranks.shape[0], -1)
     shard_of = [0] * int(ranks.numel())
@@ -75,6 +77,8 @@ class TwinHealing:
         *,
         replicate_dim: str = "replicate",
         extra: dict[str, Any] | None = None,
+        ram_copy_every: int = 0,
+        keep_previous_step: bool = True,
     ) -> None:
         world = dist.group.WORLD if dist.is_initialized() else None
         if not isinstance(world, WorldGroup):
@@ -91,12 +95,50 @@ class TwinHealing:
         if len(self.shard_of) != group.world_size:
             raise ValueError(f"the mesh has {len(self.shard_of)} ranks; the job has {group.world_size}")
         self._step_rng = torch.get_rng_state()
+        self.keep_previous_step = keep_previous_step
+        #: (step, this rank's state at that step's start), kept by :meth:`before_update`: a rank a
+        #: step ahead of another shard's survivors goes back to it (agree_sharded).
+        self._previous: tuple[int, dict[str, Any]] | None = None
+        #: Host-RAM copies of a peer's shard (``ram_copy_every`` steps; ramcopies.py); None: none.
+        self.copies = (
+            RamCopies(
+                ram_copy_every,
+                group.rank,
+                group.world_size,
+                int(os.environ.get("LOCAL_WORLD_SIZE") or group.world_size),
+            )
+            if ram_copy_every
+            else None
+        )
         world.watch(group.settle)
 
     # ------------------------------------------------------------------ each step
-    def step_started(self) -> None:
-        """Remember the RNG as the step starts: a step run again draws the same numbers."""
+    def step_started(self, step: int) -> None:
+        """Remember the RNG as the step starts: a step run again draws the same numbers. Every
+        ``ram_copy_every`` steps, keep a copy of this rank's shard and send one to its holder."""
         self._step_rng = torch.get_rng_state()
+        if self.copies is not None and self.copies.due(step):
+            number = self.group.generation
+            self.copies.take(step, _to_bytes(self._state()), lambda: self.group._aborted(number))
+            if self.copies.last is not None:
+                at, took_s, size = self.copies.last
+                log.debug("RAM copy of step %d: %d bytes exchanged in %.1f ms", at, size, 1000 * took_s)
+
+    def before_update(self, step: int, buffers: dict[str, torch.Tensor]) -> None:
+        """Before the optimizer applies step ``step``: keep this rank's state as the step began
+        (parameters and optimizer state as now, the step-start RNG and ``buffers``), one copy of
+        the shard in RAM. The step's collectives are over here, but not necessarily every peer's:
+        a rank may apply a step that another shard's survivors never complete."""
+        if not self.keep_previous_step:
+            return
+        shard = local_state(self.model, self.optimizer)
+        shard["rng"] = self._step_rng
+        extra = {name: obj.state_dict() for name, obj in self.extra.items()}
+        self._previous = (step, {"shard": shard, "buffers": buffers, "extra": extra})
+
+    def holds_previous(self, step: int) -> bool:
+        """Whether this rank, having completed ``step`` steps, can go back one."""
+        return self._previous is not None and self._previous[0] == step - 1
 
     @staticmethod
     def interrupted(error: BaseException, group: ResilientGroup) -> bool:
@@ -129,22 +171,41 @@ class TwinHealing:
         def make(prefix: str, rank: int, size: int) -> Any:
             return self.group.connect_group(number, prefix, rank, size)
 
-        connected = self.group.run_abortable(
-            "mesh-connect", lambda: self.world.connect(number, make, world=self.group.process_group)
-        )
+        def connect_all() -> tuple[Any, Any]:
+            groups = self.world.connect(number, make, world=self.group.process_group)
+            copies = None
+            if self.copies is not None:
+                copies = make(f"g{number}/copies", self.group.rank, self.group.world_size)
+            return groups, copies
+
+        connected, copy_group = self.group.run_abortable("mesh-connect", connect_all)
         for left in self.world.install(connected):
             if left is not connected.world:
                 self.group.park(left)
+        if self.copies is not None:
+            if self.copies.group is not None:
+                self.group.park(self.copies.group)
+            self.copies.connect(copy_group)
 
     def sync(self, everyone: Sequence[Holding], rank: int, emit: Callable[[str], None]) -> tuple[int, str]:
         """Agree on the step (:func:`agree_sharded`) and heal the ranks that need it from their
         shard's source. Returns the agreed step and what this rank resumes with."""
-        agreed = agree_sharded(everyone, self.shard_of)  # NoTwin: the caller's rank exits
+        try:
+            agreed = agree_sharded(everyone, self.shard_of)
+        except NoTwin as lost:
+            if self.copies is None:
+                raise  # the caller's rank exits: recoverd falls back to the checkpoint
+            return self._restore_copies(everyone, rank, emit, lost.reason)
         shard = self.shard_of[rank]
         source, receivers = agreed.sources[shard], agreed.receivers[shard]
         mine = everyone[rank]
-        if mine.kind == max(h.kind for h in everyone) != Kind.NONE and mine.step > agreed.step:
+        if rank in agreed.back:
+            assert self._previous is not None and self._previous[0] == agreed.step
+            self._load(self._previous[1])
+            emit(f"rank {rank}: back from step {mine.step} to {agreed.step} (its state as that step began)")
+        elif mine.kind == max(h.kind for h in everyone) != Kind.NONE and mine.step > agreed.step:
             emit(f"rank {rank}: back from step {mine.step} to {agreed.step}")
+        self._previous = None
         if rank == source and receivers:
             self.group.share(_to_bytes(self._state()), source, receivers)
         elif rank in receivers:
@@ -152,6 +213,38 @@ class TwinHealing:
             assert received is not None
             self._load(torch.load(io.BytesIO(received.numpy().tobytes()), weights_only=False))
         return agreed.step, self._resumed_with(agreed, rank)
+
+    def _restore_copies(
+        self, everyone: Sequence[Holding], rank: int, emit: Callable[[str], None], why: str
+    ) -> tuple[int, str]:
+        """No twin holds a lost shard: every rank goes back to the last copy step all can restore
+        (ramcopies.plan_restore, from every rank's copies said in an all-gather), the survivors from
+        their own copy and each replacement from its holder's. NoTwin where there is none."""
+        assert self.copies is not None
+        own, held = self.copies.steps()
+        mine = torch.tensor([*_padded(own), *_padded(held)], dtype=torch.int64)
+        said = [t.tolist() for t in self.group.allgather(mine)]
+        lost = [r for r, h in enumerate(everyone) if h.kind == Kind.NONE]
+        world, per_node = self.group.world_size, self.copies.per_node
+        plan = plan_restore(
+            [s[:KEPT] for s in said], [s[KEPT:] for s in said], lost, lambda r: holder_of(r, world, per_node)
+        )
+        step = plan.step
+        self._previous = None
+        if rank in plan.senders:
+            holder = plan.senders[rank]
+            blob = self.group.share(None, holder, [rank])
+            assert blob is not None
+            self.copies.restored(step, blob)
+            self._load(torch.load(io.BytesIO(blob.numpy().tobytes()), weights_only=False))
+            return step, f"its shard as of step {step} from rank {holder}'s RAM copy"
+        for lost_rank, holder in plan.senders.items():
+            if holder == rank:
+                self.group.share(self.copies.held[step], rank, [lost_rank])
+        self._load(torch.load(io.BytesIO(self.copies.own[step].numpy().tobytes()), weights_only=False))
+        self.copies.restored(step, None)
+        emit(f"rank {rank}: back from step {everyone[rank].step} to step {step}, the last RAM copy ({why})")
+        return step, f"its own RAM copy of step {step}"
 
     def _resumed_with(self, agreed: ShardedAgreement, rank: int) -> str:
         shard = self.shard_of[rank]
@@ -178,3 +271,8 @@ class TwinHealing:
         for name, obj in self.extra.items():
             if name in state["extra"]:
                 obj.load_state_dict(state["extra"][name])
+
+
+def _padded(steps: list[int]) -> list[int]:
+    """``KEPT`` steps, -1 where fewer are kept (a fixed-size row of the all-gather)."""
+    return (steps[-KEPT:] + [-1] * KEPT)[:KEPT]

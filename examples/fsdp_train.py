@@ -73,6 +73,37 @@ def shard_sha256(model: nn.Module, optimizer: torch.optim.Optimizer) -> str:
     return digest.hexdigest()
 
 
+def save_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, ckpt: Path, step: int, rank: int) -> None:
+    """Every rank writes its shards (torch.distributed.checkpoint, a collective); rank 0 then
+    records the step, once every rank has written."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(ckpt / f"step{step}"))
+    dist.barrier()
+    if rank == 0:
+        (ckpt / "step.tmp").write_text(str(step))
+        os.replace(ckpt / "step.tmp", ckpt / "step")
+
+
+def load_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, ckpt: Path | None) -> int | None:
+    """The step of the last checkpoint, loaded into the model and optimizer in place; None if none."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    if ckpt is None or not (ckpt / "step").exists():
+        return None
+    step = int((ckpt / "step").read_text())
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=str(ckpt / f"step{step}"))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    print(f"rank {os.environ.get('RANK')} loaded the checkpoint of step {step}", flush=True)
+    return step
+
+
 def done(rank: int, step: int) -> None:
     print(f"rank {rank} step {step} done {time.time():.6f} pid {os.getpid()}", flush=True)
 
@@ -96,12 +127,21 @@ def run_recoverd(args: argparse.Namespace) -> int:
     mesh, _ = resilient_mesh(*MESHES[args.mesh])  # no network: the trainer connects the groups
     model = make_model(args.seed, mesh)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    ckpt = Path(args.ckpt_dir) if args.ckpt_dir else None
+
+    def load_state() -> tuple[int, None] | None:
+        # Read only when no rank holds live state (the job's start, or recoverd's `exit`): a
+        # replacement beside survivors takes its shard from its twin or a RAM copy instead.
+        step = load_checkpoint(model, optimizer, ckpt)
+        return None if step is None else (step, None)
+
     say = lambda text: print(f"{text} (at {time.time():.6f})", flush=True)  # noqa: E731
     trainer = ResilientTrainer(
         model,
         optimizer,
         mesh=mesh,
         ram_copy_every=args.ram_copy_every,
+        load_state=load_state if ckpt is not None else None,
         timeout=timedelta(seconds=args.collective_timeout),
         on_event=say,
     )
@@ -110,6 +150,8 @@ def run_recoverd(args: argparse.Namespace) -> int:
             train_step(model, optimizer, args, step, rank)
             if trainer.apply():
                 done(rank, step)
+                if ckpt is not None and args.ckpt_every and (step + 1) % args.ckpt_every == 0:
+                    save_checkpoint(model, optimizer, ckpt, step + 1, rank)  # inside: a peer may die
     print(f"rank {rank} final sha256 {shard_sha256(model, optimizer)}", flush=True)
     trainer.close()
     return 0
@@ -117,8 +159,6 @@ def run_recoverd(args: argparse.Namespace) -> int:
 
 def run_torchrun(args: argparse.Namespace) -> int:
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.distributed.device_mesh import init_device_mesh
 
     from taskd_client import heartbeat
@@ -135,25 +175,14 @@ def run_torchrun(args: argparse.Namespace) -> int:
     model = make_model(args.seed, mesh)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     ckpt = Path(args.ckpt_dir) if args.ckpt_dir else None
-    start = 0
-    if ckpt is not None and (ckpt / "step").exists():
-        start = int((ckpt / "step").read_text())
-        model_state, optim_state = get_state_dict(model, optimizer)
-        state = {"model": model_state, "optim": optim_state}
-        dcp.load(state, checkpoint_id=str(ckpt / f"step{start}"))
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    start = load_checkpoint(model, optimizer, ckpt) or 0
     for step in range(start, args.steps):
         train_step(model, optimizer, args, step, rank)
         optimizer.step()
         done(rank, step)
         heartbeat(step)
         if ckpt is not None and args.ckpt_every and (step + 1) % args.ckpt_every == 0:
-            model_state, optim_state = get_state_dict(model, optimizer)
-            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(ckpt / f"step{step + 1}"))
-            dist.barrier()
-            if rank == 0:
-                (ckpt / "step.tmp").write_text(str(step + 1))
-                os.replace(ckpt / "step.tmp", ckpt / "step")
+            save_checkpoint(model, optimizer, ckpt, step + 1, rank)
     taskd_client_done()
     print(f"rank {rank} final sha256 {shard_sha256(model, optimizer)}", flush=True)
     dist.destroy_process_group()
@@ -174,7 +203,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--step-sleep", type=float, default=0.01, help="extra seconds per step (stands for compute)")
-    parser.add_argument("--ckpt-dir", default=None, help="torchrun: checkpoint here (DCP) every --ckpt-every steps")
+    parser.add_argument(
+        "--ckpt-dir",
+        default=None,
+        help="checkpoint here (torch.distributed.checkpoint) every --ckpt-every steps; read when no peer is live",
+    )
     parser.add_argument("--ckpt-every", type=int, default=0)
     parser.add_argument("--collective-timeout", type=float, default=60.0, help="gloo's timeout in seconds")
     return parser.parse_args(argv)

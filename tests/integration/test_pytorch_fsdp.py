@@ -86,6 +86,7 @@ def reference_pure(tmp_path_factory: pytest.TempPathFactory, etcd_server) -> dic
     "victim",
     [pytest.param(None, id="random"), *(pytest.param(r, id=f"rank{r}", marks=pytest.mark.slow) for r in range(WORLD))],
 )
+@pytest.mark.timeout(300)  # the reference and the run: two 4-rank torch jobs on 2 shared cores
 def test_a_killed_fsdp_rank_is_healed_from_its_twin(
     cluster: Cluster, reference: dict[int, str | None], victim: int | None
 ) -> None:
@@ -131,6 +132,7 @@ _ = harness  # the cluster fixture's module
 
 
 @pytest.mark.slow  # two 4-rank jobs (the reference and the run): make test-slow
+@pytest.mark.timeout(300)  # two 4-rank torch jobs on 2 shared cores
 def test_a_killed_pure_fsdp_rank_is_restored_from_a_peer_s_ram_copy(
     cluster: Cluster, reference_pure: dict[int, str | None]
 ) -> None:
@@ -170,3 +172,52 @@ def test_a_killed_pure_fsdp_rank_is_restored_from_a_peer_s_ram_copy(
         assert set(_done_steps(logs[r], r)) == set(range(STEPS)), story
     # The steps since the copy were run again, and the run is bitwise the fault-free one.
     assert finals == reference_pure, story
+
+
+@pytest.mark.slow  # two 4-rank jobs and a restart of every rank: make test-slow
+@pytest.mark.timeout(400)  # two 4-rank torch jobs, then every rank again, on 2 shared cores
+def test_with_no_twin_and_no_copy_every_rank_restarts_from_the_checkpoint(
+    cluster: Cluster, tmp_path_factory: pytest.TempPathFactory, etcd_server
+) -> None:  # type: ignore[no-untyped-def]
+    """Pure FSDP with neither a twin nor a RAM copy: the survivors say why and exit, recoverd restarts
+    them, and every rank reads the torch.distributed.checkpoint together (a collective, through the
+    mesh's stable groups) and ends bitwise as a fault-free run."""
+    reference = _reference(
+        tmp_path_factory,
+        etcd_server,
+        ("--mesh", "fsdp", "--ckpt-every", "10", "--ckpt-dir", str(tmp_path_factory.mktemp("ck"))),
+    )
+    victim = random.randrange(WORLD)
+    job = f"job-fsdp-dcp-{victim}-{random.randrange(10**6)}"
+    ckpt = tmp_path_factory.mktemp("ckpt")
+    cluster.coordinator()
+    cluster.strategy()
+    _run(cluster, job, ("--mesh", "fsdp", "--ckpt-every", "10", "--ckpt-dir", str(ckpt)))
+    before = cluster.wait_running(job, WORLD, timeout=60)
+    cluster.wait_for("the warm-start server", lambda: _warm_server_ready(cluster), timeout=120)
+    cluster.wait_for("a checkpoint", lambda: (ckpt / "step").exists(), timeout=120)
+    now = max(_done_steps(_log(cluster, job, victim), victim), default=-1)
+    target = random.randrange(max(12, now + 2), max(STEPS // 2 + 5, now + 3))
+    assert target < STEPS - 5, f"training ran to step {now} before the warm-start server was ready"
+    cluster.wait_for(f"step {target}", lambda: target in _done_steps(_log(cluster, job, victim), victim), timeout=60)
+    os.kill(before[victim].pid, signal.SIGKILL)
+
+    finals = _finals(cluster, job)
+    logs = {r: _log(cluster, job, r) for r in range(WORLD)}
+    story = (
+        f"victim {victim} after step {target}\n"
+        + "\n".join(f"--- rank {r}:\n{_not_steps(text)[-3000:]}" for r, text in logs.items())
+        + cluster.logs()
+    )
+    survivors = [r for r in range(WORLD) if r != victim]
+    for r in survivors:
+        assert "cannot be rebuilt from peers" in logs[r], story
+    loaded = {r: re.findall(r"loaded the checkpoint of step (\d+)", logs[r]) for r in range(WORLD)}
+    assert all(loaded[r] for r in range(WORLD)), story
+    # Every rank ends up restarted (the ranks that cannot be healed exit, and are restarted in turn:
+    # a rank cannot yet tell recoverd that only a restart of the job will do), then all of them
+    # read the checkpoint together and the run ends bitwise as the fault-free one.
+    view = cluster.view(job)
+    assert all(o.ok for o in view.history.outcomes), story  # type: ignore[union-attr]
+    assert all(status.restart_count >= 1 for status in cluster.ranks(job).values()), story
+    assert finals == reference, story

@@ -167,6 +167,16 @@ class StableGroup(dist.ProcessGroup):
     def barrier(self, opts: Any) -> Any:  # type: ignore[override]
         return self._track(self._bound().barrier(opts), "barrier")
 
+    # What object collectives use (torch.distributed.checkpoint's gather_object, scatter_object_list).
+    def gather(self, outputs: Any, inputs: Any, opts: Any) -> Any:  # type: ignore[override]
+        return self._track(self._bound().gather(outputs, inputs, opts), "gather")
+
+    def scatter(self, outputs: Any, inputs: Any, opts: Any) -> Any:  # type: ignore[override]
+        return self._track(self._bound().scatter(outputs, inputs, opts), "scatter")
+
+    def reduce(self, tensors: Any, opts: Any) -> Any:  # type: ignore[override]
+        return self._track(self._bound().reduce(tensors, opts), "reduce")
+
     # Point to point: plain works (gloo's cannot be waited for in slices, docs/adr/0038).
     def send(self, tensors: Any, dst: int, tag: int) -> Any:
         return self._bound().send(tensors, dst, tag)

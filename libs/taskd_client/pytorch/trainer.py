@@ -156,7 +156,7 @@ class ResilientTrainer:
         optimizer: torch.optim.Optimizer,
         *,
         env: RankEnv | None = None,
-        load_state: Callable[[], tuple[int, dict[str, Any]] | None] | None = None,
+        load_state: Callable[[], tuple[int, dict[str, Any] | None] | None] | None = None,
         timeout: timedelta = timedelta(seconds=60),
         recover_timeout: timedelta = timedelta(seconds=300),
         extra: dict[str, Any] | None = None,
@@ -192,10 +192,10 @@ class ResilientTrainer:
         #: the whole model (data parallel).
         self._twins: TwinHealing | None = None
         if mesh is not None:
-            if ddp is not False or load_state is not None or protocol is not None:
+            if ddp is not False or protocol is not None:
                 raise ValueError(
-                    "mesh= (a sharded model) does not take ddp=, load_state= or protocol= yet: FSDP2 reduces the"
-                    " gradients itself, and a checkpoint is read by recoverd's fallback (docs/pytorch.md)"
+                    "mesh= (a sharded model) does not take ddp= or protocol= (yet): FSDP2 reduces the gradients"
+                    " itself, and elastic worlds and dumps of sharded models are not built (docs/pytorch.md)"
                 )
             from taskd_client.pytorch.twins import TwinHealing
 
@@ -476,7 +476,18 @@ class ResilientTrainer:
         loaded = load_state() if load_state is not None else None
         if loaded is not None:
             self.step, state = loaded
-            self._load(state)
+            if self._twins is not None:
+                # A sharded checkpoint is read by every rank together (torch.distributed.checkpoint's
+                # load is a collective, over the mesh's groups: connected by now), in place.
+                if state is not None:
+                    raise ValueError(
+                        "with mesh=, load_state loads the checkpoint in place (torch.distributed.checkpoint)"
+                        " and returns (step, None)"
+                    )
+            elif state is None:
+                raise ValueError("load_state returned no state (None is for mesh=: a checkpoint loaded in place)")
+            else:
+                self._load(state)
             self._state = _FROM_DISK
 
     def _sync(self) -> str:

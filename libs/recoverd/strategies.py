@@ -18,10 +18,12 @@ __all__ = [
     "CARRIED_OUT_BY_RANKS",
     "CHEAPER_THAN_EXIT",
     "DRAIN_KIND",
+    "KEEP_LIVE_STATE",
     "NODE_WIDE",
     "RELAYED_TO_RANKS",
     "RESTARTS_FAULTY_RANKS",
     "RETRYABLE_FAULT_TYPES",
+    "STATE_LOST_EXIT_CODE",
     "TRAITS",
     "UPGRADE",
     "Traits",
@@ -77,6 +79,12 @@ RELAYED_TO_RANKS: frozenset[str] = frozenset({"retry", "dump", "elastic-training
 #: MindCluster's fault types a step can be re-run after: "0" an uncorrectable memory error (UCE),
 #: "2" a link (HCCL) error; "1", any other fault, rules `retry` out.
 RETRYABLE_FAULT_TYPES: frozenset[str] = frozenset({"0", "2"})
+#: The exit status of a rank whose state its peers cannot rebuild (a sharded model's shard with no
+#: twin and no RAM copy left, docs/adr/0049): every strategy that keeps the other ranks' processes
+#: is ruled out, and the job restarts from its own checkpoint (`exit`).
+STATE_LOST_EXIT_CODE = 86
+#: The strategies that keep a live rank's state and so cannot follow a STATE_LOST_EXIT_CODE exit.
+KEEP_LIVE_STATE: frozenset[str] = frozenset({"retry", "recover-in-place", "recover", "elastic-training"})
 #: The recovery round that brings back ranks a downgrade (`elastic-training`) isolated, once a
 #: spare has registered: not a strategy the selector chooses, but a round's strategy all the same.
 UPGRADE = "upgrade"

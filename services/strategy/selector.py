@@ -19,6 +19,9 @@ MindCluster's ``chooseStrategy`` (reference/mindcluster-contract.md section 6):
   elastic-training (or an upgrade) only dump -> exit remain; after a failed dump only exit; after a failed exit
   the job gives up (killMaster);
 * a lost node (its agent's lease expired) rules out recover-in-place: nobody is there to restart;
+* a rank that exited with ``STATE_LOST_EXIT_CODE`` (its state cannot be rebuilt by its peers: a
+  sharded model's shard with no twin and no RAM copy) rules out every strategy that keeps live
+  ranks: only `exit`, from the job's checkpoint, helps;
 * ranks that run no recoverd client (``Request.plain_nodes``: their node's declaration leaves
   recover-in-place out) rule it out too, and ``recover``: a plain script's rank restarted or moved
   alone cannot rejoin its running group, it would wait in ``init_process_group`` (docs/adr/0041);
@@ -44,7 +47,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from recoverd.strategies import ALL_STRATEGIES, RETRYABLE_FAULT_TYPES, TRAITS, UPGRADE
+from recoverd.strategies import (
+    ALL_STRATEGIES,
+    KEEP_LIVE_STATE,
+    RETRYABLE_FAULT_TYPES,
+    STATE_LOST_EXIT_CODE,
+    TRAITS,
+    UPGRADE,
+)
 
 __all__ = ["ALL_STRATEGIES", "EXPECTED_COST_S", "Decision", "Outcome", "PolicyView", "Request", "choose"]
 
@@ -123,6 +133,9 @@ class Request:
     drained_nodes: tuple[str, ...] = ()
     #: Nodes whose ranks run no recoverd client and cannot rejoin their group alone (ADR 0041).
     plain_nodes: tuple[str, ...] = ()
+    #: Faulty ranks that exited saying their state cannot be rebuilt by their peers
+    #: (``STATE_LOST_EXIT_CODE``): only a restart of every rank from the checkpoint helps.
+    state_lost_ranks: tuple[int, ...] = ()
     #: Wall-clock time until which a lost node with no spare waits for an agent to replace it
     #: (0: no wait, the old behaviour: `exit` commands the lost node and waits for its agent).
     replacement_wait_until: float = 0.0
@@ -236,6 +249,12 @@ def _rule_out(strategy: str, request: Request, allowed: Sequence[str], implement
         return "not reported by every participant"
     if strategy == "retry" and not set(request.fault_types) <= RETRYABLE_FAULT_TYPES:
         return "a fault is not retryable (only UCE '0' and HCCL '2' are)"
+    if strategy in KEEP_LIVE_STATE and request.state_lost_ranks:
+        return (
+            f"rank(s) {list(request.state_lost_ranks)} exited with code {STATE_LOST_EXIT_CODE}: their state cannot be"
+            " rebuilt from their peers (a shard with no twin and no RAM copy; the rank's log says why), so every rank"
+            " restarts from the job's checkpoint"
+        )
     if strategy in ("recover-in-place", "retry") and request.drained_nodes:
         return f"node(s) {list(request.drained_nodes)} being drained: their ranks must move off them"
     if strategy == "recover-in-place" and request.lost_nodes:

@@ -24,7 +24,7 @@ from recoverd.keys import Keyspace, RunRef
 from recoverd.policy import replacement_wait_s
 from recoverd.records import encode, pb, ts_from_s, ts_to_s
 from recoverd.store import Absent, Put, Store
-from recoverd.strategies import DRAIN_KIND
+from recoverd.strategies import DRAIN_KIND, STATE_LOST_EXIT_CODE
 from recoverd.strategy.selector import Decision, Outcome, PolicyView, Request, choose
 
 __all__ = ["StrategyService", "plain_nodes", "request_from_records"]
@@ -65,6 +65,7 @@ def request_from_records(
     return Request(
         fault_ranks=tuple(sorted({f.rank for f in recovery.faults})),
         fault_types=tuple(f.fault_type or "1" for f in recovery.faults),
+        state_lost_ranks=tuple(sorted({f.rank for f in recovery.faults if f.exit_code == STATE_LOST_EXIT_CODE})),
         policy=view,
         supported=frozenset(recovery.supported) if recovery.has_supported else None,
         failed=tuple(f.strategy for f in recovery.failed_strategies),

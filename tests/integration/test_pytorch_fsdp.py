@@ -19,6 +19,7 @@ import pytest
 
 from . import cluster as harness
 from .cluster import ROOT, Cluster
+from .test_bad_input import _cli
 from .test_pytorch import _done_steps, _final, _log, _not_steps, _warm_log, _warm_server_ready
 
 pytest.importorskip("torch", reason="PyTorch is not installed (pip install -r requirements-torch.txt)")
@@ -179,9 +180,10 @@ def test_a_killed_pure_fsdp_rank_is_restored_from_a_peer_s_ram_copy(
 def test_with_no_twin_and_no_copy_every_rank_restarts_from_the_checkpoint(
     cluster: Cluster, tmp_path_factory: pytest.TempPathFactory, etcd_server
 ) -> None:  # type: ignore[no-untyped-def]
-    """Pure FSDP with neither a twin nor a RAM copy: the survivors say why and exit, recoverd restarts
-    them, and every rank reads the torch.distributed.checkpoint together (a collective, through the
-    mesh's stable groups) and ends bitwise as a fault-free run."""
+    """Pure FSDP with neither a twin nor a RAM copy: the ranks say why and exit with code 86, recoverd
+    restarts the job (`exit`, the decision saying why), and every rank reads the
+    torch.distributed.checkpoint together (a collective, through the mesh's stable groups) and ends
+    bitwise as a fault-free run."""
     reference = _reference(
         tmp_path_factory,
         etcd_server,
@@ -214,10 +216,13 @@ def test_with_no_twin_and_no_copy_every_rank_restarts_from_the_checkpoint(
         assert "cannot be rebuilt from peers" in logs[r], story
     loaded = {r: re.findall(r"loaded the checkpoint of step (\d+)", logs[r]) for r in range(WORLD)}
     assert all(loaded[r] for r in range(WORLD)), story
-    # Every rank ends up restarted (the ranks that cannot be healed exit, and are restarted in turn:
-    # a rank cannot yet tell recoverd that only a restart of the job will do), then all of them
-    # read the checkpoint together and the run ends bitwise as the fault-free one.
+    # The ranks exited with code 86 (their state cannot be rebuilt from peers): recoverd ruled out
+    # every strategy that keeps live ranks and restarted the job, which read the checkpoint
+    # together and ended bitwise as the fault-free run.
     view = cluster.view(job)
-    assert all(o.ok for o in view.history.outcomes), story  # type: ignore[union-attr]
+    outcomes = [(o.strategy, o.ok) for o in view.history.outcomes]  # type: ignore[union-attr]
+    assert outcomes[-1] == ("exit", True), (outcomes, story)
+    decisions = _cli("recoverd.cli.ctl", ["--etcd", cluster.endpoint, "--prefix", cluster.prefix, "decisions", job])
+    assert "exited with code 86" in decisions.stdout, (decisions.stdout, decisions.stderr, story)
     assert all(status.restart_count >= 1 for status in cluster.ranks(job).values()), story
     assert finals == reference, story

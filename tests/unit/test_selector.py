@@ -21,6 +21,12 @@ def exit_outcome(at: float) -> Outcome:
 
 CASES = [
     # name, request, expected strategy ("" = give up), a phrase the reasons must contain
+    (
+        "a rank whose state its peers cannot rebuild restarts the job from its checkpoint",
+        Request((1, 2), policy=RIP, state_lost_ranks=(2,), now=NOW),
+        "exit",
+        "recover-in-place: no, rank(s) [2] exited with code 86: their state cannot be rebuilt from their peers",
+    ),
     ("policy allows recover-in-place", Request((2,), policy=RIP, now=NOW), "recover-in-place", "recover-in-place: yes"),
     (
         "default policy is exit",

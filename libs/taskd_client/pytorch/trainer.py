@@ -50,6 +50,7 @@ import contextlib
 import io
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from recoverd.keys import Keyspace, RunRef
+from recoverd.strategies import STATE_LOST_EXIT_CODE
 from taskd_client import progress
 from taskd_client.pytorch.agreement import Holding, Kind, NoTwin, agree, must_read_checkpoints
 from taskd_client.pytorch.group import GroupFailed, ResilientGroup, parse_backend
@@ -69,7 +71,7 @@ if TYPE_CHECKING:
     from taskd_client.pytorch.protocol import RecoveryProtocol
     from taskd_client.pytorch.twins import TwinHealing
 
-__all__ = ["BACKEND_ENV", "RankEnv", "ResilientTrainer", "RetryableFault", "default_backend"]
+__all__ = ["BACKEND_ENV", "RankEnv", "ResilientTrainer", "RetryableFault", "StateLost", "default_backend"]
 
 #: The job's backend when the script does not pass ``backend=`` (gloo, nccl, cpu:gloo,cuda:nccl).
 BACKEND_ENV = "RECOVERD_TORCH_BACKEND"
@@ -92,6 +94,16 @@ log = logging.getLogger(__name__)
 
 
 _NONE, _FROM_DISK, _SUSPECT, _LIVE = Kind.NONE, Kind.FROM_DISK, Kind.SUSPECT, Kind.LIVE
+
+
+class StateLost(SystemExit):
+    """A sharded model's shard is lost with every copy of it: the rank exits with
+    ``STATE_LOST_EXIT_CODE``, which rules out every strategy that keeps live ranks, so recoverd
+    restarts the job (`exit`) and the ranks read the checkpoint (docs/adr/0049)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(STATE_LOST_EXIT_CODE)
+        self.reason = reason
 
 
 class RetryableFault(RuntimeError):
@@ -503,10 +515,13 @@ class ResilientTrainer:
             try:
                 self.step, resumed_with = self._twins.sync(everyone, self.rank, self._emit)
             except NoTwin as lost:
-                raise RuntimeError(
-                    f"rank {self.rank}: the model cannot be rebuilt from peers ({lost.reason}); exiting so that"
-                    " recoverd falls back to its next strategy"
-                ) from lost
+                why = (
+                    f"rank {self.rank}: the model cannot be rebuilt from peers ({lost.reason}); exiting with code"
+                    f" {STATE_LOST_EXIT_CODE} so that recoverd restarts every rank from the job's checkpoint"
+                )
+                self._emit(why)
+                print(why, file=sys.stderr, flush=True)  # the agent shows a failed rank's last lines
+                raise StateLost(why) from lost
             self._state = _LIVE
             return resumed_with
         agreed = agree(everyone)

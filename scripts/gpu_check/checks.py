@@ -754,7 +754,7 @@ def compare_world1(args: argparse.Namespace) -> str:
         killed = work_dir("job-world1") / "final_sha256"
         reference = work_dir("job-world1-ref") / "final_sha256"
         if not killed.exists():
-            raise Skip("the killed world-1 job did not finish: nothing to compare")
+            raise Skip("no final model of the killed world-1 job (step job1): nothing to compare")
         details["killed"], details["fault_free"] = killed.read_text().strip(), reference.read_text().strip()
         differs = "the recovered run's model differs from the fault-free run's (deterministic algorithms were on)"
         check(details["killed"] == details["fault_free"], differs)
@@ -764,6 +764,35 @@ def compare_world1(args: argparse.Namespace) -> str:
 
 
 # ---------------------------------------------------------------------------- NCCL
+
+
+@contextlib.contextmanager
+def counted_nccl_aborts() -> Iterator[list[str] | None]:
+    """Count the calls of ``ProcessGroupNCCL.abort`` (the class's method wrapped meanwhile): the
+    list of calls, or None where this torch does not let it be wrapped (then only its presence is
+    checked)."""
+    import torch.distributed as dist
+
+    cls = getattr(dist, "ProcessGroupNCCL", None)
+    original = getattr(cls, "abort", None)
+    if cls is None or original is None:
+        yield None
+        return
+    calls: list[str] = []
+
+    def abort(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(f"abort of {type(self).__name__} at {time.monotonic():.3f}")
+        return original(self, *args, **kwargs)
+
+    try:
+        cls.abort = abort
+    except (TypeError, AttributeError):
+        yield None
+        return
+    try:
+        yield calls
+    finally:
+        cls.abort = original
 
 
 def cmd_nccl_group(args: argparse.Namespace) -> int:
@@ -786,7 +815,10 @@ def cmd_nccl_group(args: argparse.Namespace) -> int:
         etcd = EmbeddedEtcd(for_tests=True, data_dir=str(work_dir(name) / "etcd"))
         etcd.start()
         stores = []
+        aborts = contextlib.ExitStack()
         try:
+            counted = aborts.enter_context(counted_nccl_aborts()) if gpu else None
+            details["abort_counted"] = counted is not None
             for spec in backends:
                 seen: dict[str, Any] = {}
                 details[spec] = seen
@@ -837,7 +869,7 @@ def cmd_nccl_group(args: argparse.Namespace) -> int:
                 else:
                     # A collective held back on the GPU (queued behind a ~1 s kernel), aborted while pending.
                     torch.cuda.synchronize()
-                    torch.cuda._sleep(int(2e9))
+                    torch.cuda._sleep(int(1e9))  # ~0.5 s at the H200's boost clock, ~3 s idle-clocked
                     pending = torch.ones(4, device="cuda")
                     fut = group.allreduce_future(pending)
                     time.sleep(0.05)
@@ -859,6 +891,10 @@ def cmd_nccl_group(args: argparse.Namespace) -> int:
                     seen["synchronize_after_abort_s"] = round(time.monotonic() - t0, 2)
                 check(released and (not gpu or "ProcessGroupNCCL" in released[-1]),
                       f"abort released {released}: the NCCL backend was not aborted")  # fmt: skip
+                if counted is not None:
+                    seen["nccl_abort_calls"] = list(counted)
+                    check(counted, "the generation's abort never called ProcessGroupNCCL.abort()")
+                    counted.clear()
                 check(store.check([f"g{first}/abort"]), f"generation {first}'s abort key is not set")
                 t0 = time.monotonic()
                 second = in_thread("re-form", lambda group=group: group.form(deadline=time.monotonic() + 60), 90)
@@ -877,6 +913,7 @@ def cmd_nccl_group(args: argparse.Namespace) -> int:
                 else f"ResilientGroup ({what}, world size 1): formed, all-reduced, aborted, re-formed, all-reduced"
             )
         finally:
+            aborts.close()
             for store in stores:
                 with contextlib.suppress(Exception):
                     store.close()

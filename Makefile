@@ -133,7 +133,7 @@ test-msrun: $(STAMP) msrun-venv
 
 ## What scripts/gpu_check.sh needs on the device machine beyond its image (no network there):
 ## recoverd's dependencies as wheels for its Python 3.12 and the etcd binary, in .gpu-bundle/
-## (git-ignored, ~17 MB): carry it (docs/gpu.md has the exact device command).
+## (git-ignored, ~15 MB): carry it (docs/gpu.md has the exact device command).
 gpu-check-bundle: $(STAMP)
 	bash scripts/gpu_check_bundle.sh
 

@@ -13,7 +13,7 @@
 #
 # Needs: bash, coreutils' timeout, python3 with torch (CUDA build) and nvidia-ml-py. recoverd's own
 # dependencies (aetcd, grpcio, protobuf, ...) and an etcd binary come from .gpu-bundle/ when it is
-# there (`make gpu-check-bundle`: a wheelhouse and etcd, ~17 MB, built where pip works) or from the
+# there (`make gpu-check-bundle`: a wheelhouse and etcd, ~15 MB, built where pip works) or from the
 # environment; without them the job and group checks SKIP with that reason and the others still run.
 #
 # Steps, in order of value (each with its own timeout; the whole run stays within GPU_CHECK_BUDGET_S,
@@ -32,7 +32,7 @@ BUDGET_S="${GPU_CHECK_BUDGET_S:-420}"
 MODE=auto
 ONLY=""
 
-usage() { sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"; }
 
 while (($#)); do
   case "$1" in

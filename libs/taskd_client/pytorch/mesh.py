@@ -193,6 +193,43 @@ class Connected:
     world: dist.ProcessGroup
     subgroups: dict[str, dist.ProcessGroup]
 
+    # The rest of torch.distributed (docs/notes/tp-findings.md): tensor parallel scatters and
+    # broadcasts its parameters in parallelize_module, full_tensor and sequence parallelism use the
+    # functional collectives' coalesced all-gather and reduce-scatter. torch's trampoline forwards
+    # C++ callers to the first four here as well; the others are reached from torch.distributed's
+    # Python functions only (which call the group's method by name): their C++ base looks for the
+    # group's own C++ backend, which a Python group has none of ("No backend type associated with
+    # device type cpu").
+    def all_gather_single_coalesced(self, outputs: Any, inputs: Any, opts: Any) -> Any:  # type: ignore[override]
+        return self.inner.all_gather_single_coalesced(outputs, inputs, opts)
+
+    def reduce_scatter_single_coalesced(self, outputs: Any, inputs: Any, opts: Any) -> Any:  # type: ignore[override]
+        return self.inner.reduce_scatter_single_coalesced(outputs, inputs, opts)
+
+    def reduce_scatter(self, outputs: Any, inputs: Any, opts: Any) -> Any:  # type: ignore[override]
+        return self.inner.reduce_scatter(outputs, inputs, opts)
+
+    def all_to_all_single(self, output: Any, input: Any, output_splits: Any, input_splits: Any, opts: Any) -> Any:  # type: ignore[override]
+        return self.inner.all_to_all_single(output, input, output_splits, input_splits, opts)
+
+    def allgather_coalesced(self, outputs: Any, inputs: Any, opts: Any) -> Any:  # type: ignore[override]
+        return self.inner.allgather_coalesced(outputs, inputs, opts)
+
+    def reduce(self, tensors: Any, opts: Any) -> Any:  # type: ignore[override]
+        return self.inner.reduce(tensors, opts)
+
+    def gather(self, outputs: Any, inputs: Any, opts: Any) -> Any:  # type: ignore[override]
+        return self.inner.gather(outputs, inputs, opts)
+
+    def scatter(self, outputs: Any, inputs: Any, opts: Any) -> Any:  # type: ignore[override]
+        return self.inner.scatter(outputs, inputs, opts)
+
+    def alltoall(self, outputs: Any, inputs: Any, opts: Any) -> Any:  # type: ignore[override]
+        return self.inner.alltoall(outputs, inputs, opts)
+
+    def recv_anysource(self, tensors: Any, tag: int) -> Any:
+        return self.inner.recv_anysource(tensors, tag)
+
 
 class WorldGroup(StableGroup):
     """The default group: the world, and the maker of the mesh's sub-groups (``new_group``).
@@ -344,7 +381,7 @@ def load_local_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, s
         for param, value in zip(params, state["params"], strict=True):
             _local(param).copy_(value)
     for param, saved in zip(params, state["optim"], strict=True):
-        spec: Any = param  # an FSDP2 parameter is a DTensor: its mesh and placements
+        spec: Any = param  # an FSDP2 or a TP parameter is a DTensor: its mesh and placements
         optimizer.state[param] = {
             key: DTensor.from_local(
                 value, spec.device_mesh, spec.placements, run_check=False, shape=param.shape, stride=param.stride()

@@ -167,7 +167,29 @@ class StableGroup(dist.ProcessGroup):
     def barrier(self, opts: Any) -> Any:  # type: ignore[override]
         return self._track(self._bound().barrier(opts), "barrier")
 
-    # What object collectives use (torch.distributed.checkpoint's gather_object, scatter_object_list).
+    # The rest of torch.distributed (docs/notes/tp-findings.md). torch's trampoline forwards C++
+    # callers (the functional collectives DTensor uses: tensor and sequence parallelism,
+    # full_tensor, clip_grad_norm_) to allreduce, allgather, broadcast, barrier and these first
+    # four; the others are reached from torch.distributed's Python functions only (tensor
+    # parallelism's scatter, torch.distributed.checkpoint's gather and scatter of objects). Any
+    # other virtual runs the C++ base, which fails loudly: a Python group has no C++ backend.
+    def all_gather_single_coalesced(self, outputs: Any, inputs: Any, opts: Any) -> Any:  # type: ignore[override]
+        return self._track(self._bound().all_gather_single_coalesced(outputs, inputs, opts), "all_gather")
+
+    def reduce_scatter_single_coalesced(self, outputs: Any, inputs: Any, opts: Any) -> Any:  # type: ignore[override]
+        return self._track(self._bound().reduce_scatter_single_coalesced(outputs, inputs, opts), "reduce_scatter")
+
+    def reduce_scatter(self, outputs: Any, inputs: Any, opts: Any) -> Any:  # type: ignore[override]
+        return self._track(self._bound().reduce_scatter(outputs, inputs, opts), "reduce_scatter")
+
+    def all_to_all_single(self, output: Any, input: Any, output_splits: Any, input_splits: Any, opts: Any) -> Any:  # type: ignore[override]
+        return self._track(
+            self._bound().all_to_all_single(output, input, output_splits, input_splits, opts), "all_to_all"
+        )
+
+    def allgather_coalesced(self, outputs: Any, inputs: Any, opts: Any) -> Any:  # type: ignore[override]
+        return self._track(self._bound().allgather_coalesced(outputs, inputs, opts), "allgather")
+
     def gather(self, outputs: Any, inputs: Any, opts: Any) -> Any:  # type: ignore[override]
         return self._track(self._bound().gather(outputs, inputs, opts), "gather")
 
@@ -177,12 +199,18 @@ class StableGroup(dist.ProcessGroup):
     def reduce(self, tensors: Any, opts: Any) -> Any:  # type: ignore[override]
         return self._track(self._bound().reduce(tensors, opts), "reduce")
 
+    def alltoall(self, outputs: Any, inputs: Any, opts: Any) -> Any:  # type: ignore[override]
+        return self._track(self._bound().alltoall(outputs, inputs, opts), "all_to_all")
+
     # Point to point: plain works (gloo's cannot be waited for in slices, docs/adr/0038).
     def send(self, tensors: Any, dst: int, tag: int) -> Any:
         return self._bound().send(tensors, dst, tag)
 
     def recv(self, tensors: Any, src: int, tag: int) -> Any:
         return self._bound().recv(tensors, src, tag)
+
+    def recv_anysource(self, tensors: Any, tag: int) -> Any:
+        return self._bound().recv_anysource(tensors, tag)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,43 +220,6 @@ class Connected:
     generation: int
     world: dist.ProcessGroup
     subgroups: dict[str, dist.ProcessGroup]
-
-    # The rest of torch.distributed (docs/notes/tp-findings.md): tensor parallel scatters and
-    # broadcasts its parameters in parallelize_module, full_tensor and sequence parallelism use the
-    # functional collectives' coalesced all-gather and reduce-scatter. torch's trampoline forwards
-    # C++ callers to the first four here as well; the others are reached from torch.distributed's
-    # Python functions only (which call the group's method by name): their C++ base looks for the
-    # group's own C++ backend, which a Python group has none of ("No backend type associated with
-    # device type cpu").
-    def all_gather_single_coalesced(self, outputs: Any, inputs: Any, opts: Any) -> Any:  # type: ignore[override]
-        return self.inner.all_gather_single_coalesced(outputs, inputs, opts)
-
-    def reduce_scatter_single_coalesced(self, outputs: Any, inputs: Any, opts: Any) -> Any:  # type: ignore[override]
-        return self.inner.reduce_scatter_single_coalesced(outputs, inputs, opts)
-
-    def reduce_scatter(self, outputs: Any, inputs: Any, opts: Any) -> Any:  # type: ignore[override]
-        return self.inner.reduce_scatter(outputs, inputs, opts)
-
-    def all_to_all_single(self, output: Any, input: Any, output_splits: Any, input_splits: Any, opts: Any) -> Any:  # type: ignore[override]
-        return self.inner.all_to_all_single(output, input, output_splits, input_splits, opts)
-
-    def allgather_coalesced(self, outputs: Any, inputs: Any, opts: Any) -> Any:  # type: ignore[override]
-        return self.inner.allgather_coalesced(outputs, inputs, opts)
-
-    def reduce(self, tensors: Any, opts: Any) -> Any:  # type: ignore[override]
-        return self.inner.reduce(tensors, opts)
-
-    def gather(self, outputs: Any, inputs: Any, opts: Any) -> Any:  # type: ignore[override]
-        return self.inner.gather(outputs, inputs, opts)
-
-    def scatter(self, outputs: Any, inputs: Any, opts: Any) -> Any:  # type: ignore[override]
-        return self.inner.scatter(outputs, inputs, opts)
-
-    def alltoall(self, outputs: Any, inputs: Any, opts: Any) -> Any:  # type: ignore[override]
-        return self.inner.alltoall(outputs, inputs, opts)
-
-    def recv_anysource(self, tensors: Any, tag: int) -> Any:
-        return self.inner.recv_anysource(tensors, tag)
 
 
 class WorldGroup(StableGroup):

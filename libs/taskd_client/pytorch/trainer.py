@@ -338,6 +338,8 @@ class ResilientTrainer:
             for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
                 grad.copy_(synced)
         self.optimizer.step()
+        if self._twins is not None:
+            self._twins.after_update()
         self.step += 1
         self._applied = True
         # Hang and straggler detection: one datagram to the local agent, rate-limited, never blocking.

@@ -99,6 +99,9 @@ class TwinHealing:
         #: (step, this rank's state at that step's start), kept by :meth:`before_update`: a rank a
         #: step ahead of another shard's survivors goes back to it (agree_sharded).
         self._previous: tuple[int, dict[str, Any]] | None = None
+        #: Set while the optimizer applies a step: interrupted then (a tensor-parallel optimizer's
+        #: collectives), the shard is half updated and is put back from ``_previous``.
+        self._updating = False
         #: Host-RAM copies of a peer's shard (``ram_copy_every`` steps; ramcopies.py); None: none.
         self.copies = (
             RamCopies(
@@ -129,12 +132,16 @@ class TwinHealing:
         (parameters and optimizer state as now, the step-start RNG and ``buffers``), one copy of
         the shard in RAM. The step's collectives are over here, but not necessarily every peer's:
         a rank may apply a step that another shard's survivors never complete."""
+        self._updating = True
         if not self.keep_previous_step:
             return
         shard = local_state(self.model, self.optimizer)
         shard["rng"] = self._step_rng
         extra = {name: obj.state_dict() for name, obj in self.extra.items()}
         self._previous = (step, {"shard": shard, "buffers": buffers, "extra": extra})
+
+    def after_update(self) -> None:
+        self._updating = False
 
     def holds_previous(self, step: int) -> bool:
         """Whether this rank, having completed ``step`` steps, can go back one."""
@@ -160,6 +167,14 @@ class TwinHealing:
         finally:
             self.group.dropping_stale_works = False
         self.optimizer.zero_grad(set_to_none=True)
+        if self._updating:
+            self._updating = False
+            if self._previous is None:
+                raise RuntimeError(
+                    "a step was interrupted while the optimizer applied it and keep_previous_step=False:"
+                    " this rank's shard is half updated"
+                )
+            self._load(self._previous[1])  # as the step began: its update is redone
         torch.set_rng_state(self._step_rng)
 
     # ------------------------------------------------------------------ each generation

@@ -168,8 +168,57 @@ def trace_stable_groups() -> None:
             setattr(StableGroup, name, traced(name, method))
 
 
+def run_recoverd(args: argparse.Namespace) -> None:
+    """Under recoverd (``recoverd run --nproc-per-node 4 --strategies recover-in-place,exit -- python
+    examples/tp_train.py --launcher recoverd``): the same model and steps, through
+    ``ResilientTrainer(mesh=)``. A killed rank is replaced and takes its TP shard from its twin."""
+    import time
+
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from taskd_client.pytorch import ResilientTrainer, wait_for_rank
+    from taskd_client.pytorch.mesh import resilient_mesh
+
+    wait_for_rank()
+    rank = int(os.environ["RANK"])
+    mesh, _ = resilient_mesh((2, 2), ("dp", "tp"))  # no network: the trainer connects the groups
+    torch.manual_seed(0)
+    model = nn.Sequential(Block(args.sequence_parallel), Block(args.sequence_parallel))
+    # Each rank cuts its shard from its own (same-seeded) full weights: no collective before the
+    # trainer has connected the groups (src_data_rank=0 would scatter rank 0's).
+    parallelize_module(model, mesh["tp"], tp_plan(args.sequence_parallel), src_data_rank=None)
+    tp_rank = mesh.get_local_rank("tp")
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    say = lambda text: print(f"{text} (at {time.time():.6f})", flush=True)  # noqa: E731
+    trainer = ResilientTrainer(model, optimizer, mesh=mesh, replicate_dim="dp", on_event=say)
+    dp_group = mesh.get_group("dp")
+    for step in trainer.steps(args.steps):
+        with trainer.step_scope():
+            optimizer.zero_grad(set_to_none=True)
+            data = torch.Generator().manual_seed(1000 * step + rank // 2)
+            if args.sequence_parallel:
+                inputs = torch.randn(4, SEQ, DIM, generator=data).chunk(2, dim=1)[tp_rank].contiguous()
+                loss = model(inputs).square().sum() / (4 * SEQ * DIM)
+            else:
+                loss = model(torch.randn(8, DIM, generator=data)).square().mean()
+            loss.backward()
+            average_over_replicas(model, dp_group)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.5)
+            time.sleep(args.step_sleep)
+            if trainer.apply():
+                print(f"rank {rank} step {step} done {time.time():.6f} pid {os.getpid()}", flush=True)
+    print(f"rank {rank} final sha256 {local_sha256(model, optimizer)}", flush=True)
+    trainer.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument(
+        "--launcher", choices=("test", "recoverd"), default="test", help="test: the 4-process harness; recoverd"
+    )
+    parser.add_argument(
+        "--step-sleep", type=float, default=0.01, help="recoverd: seconds per step standing for compute"
+    )
     parser.add_argument("--groups", choices=("plain", "stable"), default="stable")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--rebind-at", type=int, default=-1, help="stable groups: a new generation before this step")
@@ -193,6 +242,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     torch.set_num_threads(1)  # one summation order inside each rank
+    if args.launcher == "recoverd":
+        run_recoverd(args)
+        return
     rank = int(os.environ["RANK"])
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module

@@ -226,3 +226,64 @@ def test_with_no_twin_and_no_copy_every_rank_restarts_from_the_checkpoint(
     assert "exited with code 86" in decisions.stdout, (decisions.stdout, decisions.stderr, story)
     assert all(status.restart_count >= 1 for status in cluster.ranks(job).values()), story
     assert finals == reference, story
+
+
+TP = str(ROOT / "examples" / "tp_train.py")
+TP_ARGS = ("--launcher", "recoverd", "--steps", str(STEPS), "--step-sleep", "0.01")
+
+
+def _run_tp(cluster: Cluster, job: str) -> None:
+    command = [sys.executable, TP, *TP_ARGS]
+    cluster.agent(job, nproc=WORLD, strategies="recover-in-place,exit", command=command)
+
+
+@pytest.fixture(scope="module")
+def reference_tp(tmp_path_factory: pytest.TempPathFactory, etcd_server) -> dict[int, str | None]:  # type: ignore[no-untyped-def]
+    """Tensor parallel x data parallel (2 x 2), fault-free: twins hold the same TP shard."""
+    cluster = Cluster(etcd_server.endpoint, f"/tpref{os.getpid()}/v1", tmp_path_factory.mktemp("tpref"))
+    try:
+        cluster.coordinator()
+        cluster.strategy()
+        _run_tp(cluster, "job-tp-ref")
+        finals = _finals(cluster, "job-tp-ref")
+    finally:
+        cluster.close()
+    assert None not in finals.values() and finals[0] == finals[2] and finals[1] == finals[3], finals
+    return finals
+
+
+@pytest.mark.slow  # two 4-rank jobs: make test-slow
+@pytest.mark.timeout(300)
+def test_a_killed_tensor_parallel_rank_is_healed_from_its_twin(
+    cluster: Cluster, reference_tp: dict[int, str | None]
+) -> None:
+    """TP (DTensor parallelize_module) x DP: the dp all-reduce, TP's functional collectives in
+    forward, backward and clip_grad_norm_ all go through the stable groups; a SIGKILLed rank is
+    replaced and takes its TP shard from its twin, the survivors keep their processes, bitwise."""
+    victim = random.randrange(WORLD)
+    job = f"job-tp-{victim}-{random.randrange(10**6)}"
+    cluster.coordinator()
+    cluster.strategy()
+    _run_tp(cluster, job)
+    before = cluster.wait_running(job, WORLD, timeout=60)
+    cluster.wait_for("the warm-start server", lambda: _warm_server_ready(cluster), timeout=120)
+    now = max(_done_steps(_log(cluster, job, victim), victim), default=-1)
+    target = random.randrange(max(5, now + 2), max(STEPS // 2, now + 3))
+    assert target < STEPS - 5, f"training ran to step {now} before the warm-start server was ready"
+    cluster.wait_for(f"step {target}", lambda: target in _done_steps(_log(cluster, job, victim), victim), timeout=60)
+    time.sleep(random.uniform(0.0, 0.02))
+    os.kill(before[victim].pid, signal.SIGKILL)
+
+    finals = _finals(cluster, job)
+    after = cluster.ranks(job)
+    logs = {r: _log(cluster, job, r) for r in range(WORLD)}
+    story = f"victim {victim} at step {target}\n" + "\n".join(
+        f"--- rank {r}:\n{_not_steps(text)[-3000:]}" for r, text in logs.items()
+    )
+    survivors = [r for r in range(WORLD) if r != victim]
+    assert all(after[r].pid == before[r].pid and after[r].restart_count == 0 for r in survivors), story
+    assert after[victim].restart_count == 1, story
+    assert f"with the shard of rank {_twin(victim)} (its twin)" in logs[victim], story
+    for r in survivors:
+        assert set(_done_steps(logs[r], r)) == set(range(STEPS)), story
+    assert finals == reference_tp, story

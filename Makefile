@@ -46,11 +46,13 @@ demo: $(STAMP)
 demo-torch: $(TORCH_STAMP)
 	$(PY) examples/demo_torch.py
 
-## Recovery times and recoverd against torchrun on the same DDP job (~20 min; bench/results/).
+## Recovery times and recoverd against torchrun on the same DDP job, then on the same FSDP2 job
+## (make bench-fsdp) (~25 min; bench/results/).
 BENCH_ARGS ?=
 bench: $(TORCH_STAMP)
 	$(PY) -m pip install --quiet -r requirements-bench.txt
 	$(PY) bench/bench.py $(BENCH_ARGS)
+	$(PY) bench/fsdp.py $(FSDP_ARGS)
 
 ## Hang detection: SIGSTOP of a rank -> its hang fault, 0.1 s and 2.5 s steps, and two PyTorch jobs
 ## whose collectives block for good (~6 min; bench/results/hangs.*).

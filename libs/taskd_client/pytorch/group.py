@@ -377,11 +377,11 @@ class ResilientGroup:
             return self._make_group(dist.PrefixStore(f"g{number}/pg", self.store), self.rank, self.world_size)
 
         try:
-            return _unless_aborted(f"gloo-connect-g{number}", build, lambda: self._aborted(number), CONNECT_CHECK_S)  # type: ignore[no-any-return]
+            return _unless_aborted(f"gloo-connect-g{number}", build, lambda: self.aborted(number), CONNECT_CHECK_S)  # type: ignore[no-any-return]
         except _Abandoned:
             raise GenerationAborted(f"generation {number} aborted while connecting") from None
 
-    def _aborted(self, number: int) -> bool:
+    def aborted(self, number: int) -> bool:
         """Generation ``number``'s abort key is set (an etcd hiccup is "not known to be")."""
         return bool(self.store.seen_or_none(f"g{number}/abort"))
 
@@ -402,7 +402,7 @@ class ResilientGroup:
         construction checks every rank's parameter shapes)."""
         number = self.generation
         try:
-            return _unless_aborted(f"{what}-g{number}", work, lambda: self._aborted(number), ABORT_CHECK_S)
+            return _unless_aborted(f"{what}-g{number}", work, lambda: self.aborted(number), ABORT_CHECK_S)
         except _Abandoned:
             self.abort(f"{what} released: generation {number} aborted")
             raise GroupFailed(f"generation {number} aborted during {what}") from None

@@ -179,6 +179,7 @@ class ResilientTrainer:
         mesh: Any = None,
         replicate_dim: str = "replicate",
         ram_copy_every: int = 0,
+        keep_previous_step: bool = True,
     ) -> None:
         self.env = env or RankEnv.from_environ()
         self.model = model
@@ -219,6 +220,8 @@ class ResilientTrainer:
                 replicate_dim=replicate_dim,
                 extra=extra,
                 ram_copy_every=ram_copy_every,
+                keep_previous_step=keep_previous_step,
+                emit=self._emit,
             )
         elif ram_copy_every:
             raise ValueError("ram_copy_every= is for sharded models (mesh=): a DDP rank's peers hold its state")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -79,6 +80,7 @@ class TwinHealing:
         extra: dict[str, Any] | None = None,
         ram_copy_every: int = 0,
         keep_previous_step: bool = True,
+        emit: Callable[[str], None] = lambda text: log.info("%s", text),
     ) -> None:
         world = dist.group.WORLD if dist.is_initialized() else None
         if not isinstance(world, WorldGroup):
@@ -96,6 +98,7 @@ class TwinHealing:
             raise ValueError(f"the mesh has {len(self.shard_of)} ranks; the job has {group.world_size}")
         self._step_rng = torch.get_rng_state()
         self.keep_previous_step = keep_previous_step
+        self._emit = emit
         #: (step, this rank's state at that step's start), kept by :meth:`before_update`: a rank a
         #: step ahead of another shard's survivors goes back to it (agree_sharded).
         self._previous: tuple[int, dict[str, Any]] | None = None
@@ -122,10 +125,17 @@ class TwinHealing:
         self._step_rng = torch.get_rng_state()
         if self.copies is not None and self.copies.due(step):
             number = self.group.generation
-            self.copies.take(step, _to_bytes(self._state()), lambda: self.group._aborted(number))
-            if self.copies.last is not None:
-                at, took_s, size = self.copies.last
-                log.debug("RAM copy of step %d: %d bytes exchanged in %.1f ms", at, size, 1000 * took_s)
+            started = time.monotonic()
+            blob = _to_bytes(self._state())
+            serialised_s = time.monotonic() - started
+            last = self.copies.last
+            self.copies.take(step, blob, lambda: self.group.aborted(number))
+            waited_s = time.monotonic() - started - serialised_s
+            exchanged = f"; step {last[0]}'s exchanged in {1000 * last[1]:.1f} ms (beside training)" if last else ""
+            self._emit(
+                f"rank {self.group.rank}: RAM copy of step {step}: {blob.numel()} bytes serialised in"
+                f" {1000 * serialised_s:.1f} ms, {1000 * waited_s:.1f} ms waiting for the previous exchange{exchanged}"
+            )
 
     def before_update(self, step: int, buffers: dict[str, torch.Tensor]) -> None:
         """Before the optimizer applies step ``step``: keep this rank's state as the step began

@@ -165,3 +165,11 @@ def test_a_holding_with_its_previous_state_round_trips_through_its_note() -> Non
         assert Holding.from_note(holding.to_note()) == holding
     assert Holding(Kind.LIVE, 7).to_note() == "holding1:3:7:0"  # unchanged for a rank that keeps none
     assert Holding(Kind.LIVE, 7, previous=True).steps_held() == (6, 7)
+
+
+def test_survivors_at_the_same_step_resume_there_though_they_could_go_back() -> None:
+    # The usual case (seen in make bench-fsdp before the highest step was taken: every survivor
+    # went back a step for nothing): a rank killed mid-step, every survivor has completed step 52.
+    at52 = Holding(Kind.LIVE, 52, previous=True)
+    agreed = agree_sharded([at52, Holding(Kind.NONE, 0), at52, at52], HSDP)
+    assert (agreed.step, agreed.sources, agreed.receivers, agreed.back) == (52, (0, 3), ((), (1,)), ())

@@ -160,8 +160,10 @@ def agree_sharded(everyone: Sequence[Holding], shard_of: Sequence[int]) -> Shard
 
     As :func:`agree`, with one more condition: the step must be one at which *every* shard has a
     holder of the freshest kind, since a shard lives only in its own replicas. Of such steps the
-    lowest is taken. A rank that kept its state of one step back (``Holding.previous``) holds both
-    steps: a rank ahead goes back on its own, and can be its shard's source at the step before
+    highest is taken (the least work is redone; a rank behind it receives its shard from a holder,
+    a rank ahead of it is put back). A rank that kept its state of one step back
+    (``Holding.previous``) holds both steps: a rank ahead goes back on its own, and can be its
+    shard's source at the step before
     (FSDP2 interleaves a layer's reduce-scatter in its replica with its all-reduce across replicas,
     so a peer's death can leave one shard's survivors a step ahead of another's). A shard with no
     such holder at any common step raises :class:`NoTwin` with the reason.
@@ -185,7 +187,7 @@ def agree_sharded(everyone: Sequence[Holding], shard_of: Sequence[int]) -> Shard
         back = [r for r in members[shard] if everyone[r].kind == best and step in everyone[r].steps_held()]
         return at + [r for r in back if r not in at]
 
-    step = next((s for s in steps if all(holders(k, s) for k in shards)), None)
+    step = next((s for s in reversed(steps) if all(holders(k, s) for k in shards)), None)
     if step is None:
         lacking = [k for k in shards if not any(everyone[r].kind == best for r in members[k])]
         shard = lacking[0] if lacking else next(k for k in shards if not holders(k, steps[0]))

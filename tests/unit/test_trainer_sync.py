@@ -61,6 +61,7 @@ def _rank1(group: _PeerGroup, load_state: Any) -> ResilientTrainer:
     trainer.model, trainer.optimizer = _model(seed=1)
     trainer.extra, trainer.rank, trainer.world_size = {}, 1, 2
     trainer.step, trainer._state, trainer._load_state = 0, NONE, load_state
+    trainer._twins = None  # data parallel: every rank holds the whole model
     trainer.group = group  # type: ignore[assignment]
     group.joining_note = lambda: trainer._holding().to_note()
     trainer._on_event = lambda _text: None

@@ -14,6 +14,7 @@ import re
 import signal
 import sys
 import time
+from typing import Any
 
 import pytest
 
@@ -66,6 +67,30 @@ def _reference(tmp_path_factory: pytest.TempPathFactory, etcd_server, extra: tup
     return finals
 
 
+def _kill_at_a_random_step(
+    cluster: Cluster, job: str, victim: int, first: int, last: int
+) -> tuple[dict[int, Any], int]:
+    """Once the job runs and the warm-start server is ready (the replacement is forked from it),
+    SIGKILL ``victim`` at a random moment after a random step in [first, last). Returns the ranks
+    as they were before, and that step."""
+    before = cluster.wait_running(job, WORLD, timeout=60)
+    cluster.wait_for("the warm-start server", lambda: _warm_server_ready(cluster), timeout=120)
+    now = max(_done_steps(_log(cluster, job, victim), victim), default=-1)
+    target = random.randrange(max(first, now + 2), max(last, now + 3))
+    assert target < STEPS - 5, f"training ran to step {now} before the warm-start server was ready"
+    cluster.wait_for(f"step {target}", lambda: target in _done_steps(_log(cluster, job, victim), victim), timeout=60)
+    time.sleep(random.uniform(0.0, 0.02))
+    os.kill(before[victim].pid, signal.SIGKILL)
+    return before, target
+
+
+def _story(victim: int, target: int, logs: dict[int, str]) -> str:
+    """What a failed assertion shows: the kill, and each rank's log without its step lines."""
+    return f"victim {victim} after step {target}\n" + "\n".join(
+        f"--- rank {r}:\n{_not_steps(text)[-3000:]}" for r, text in logs.items()
+    )
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory, etcd_server) -> dict[int, str | None]:  # type: ignore[no-untyped-def]
     """HSDP 2 x 2: twins hold the same shard, bit for bit."""
@@ -96,23 +121,13 @@ def test_a_killed_fsdp_rank_is_healed_from_its_twin(
     cluster.coordinator()
     cluster.strategy()
     _run(cluster, job)
-    before = cluster.wait_running(job, WORLD, timeout=60)
-    # The replacement is forked from the warm-start server, once it is ready (see test_pytorch.py).
-    cluster.wait_for("the warm-start server", lambda: _warm_server_ready(cluster), timeout=120)
     cluster.wait_for("the standby's store", lambda: "etcd store made ahead" in _warm_log(cluster, job), timeout=60)
-    now = max(_done_steps(_log(cluster, job, victim), victim), default=-1)
-    target = random.randrange(max(5, now + 2), max(STEPS // 2, now + 3))
-    assert target < STEPS - 5, f"training ran to step {now} before the warm-start server was ready"
-    cluster.wait_for(f"step {target}", lambda: target in _done_steps(_log(cluster, job, victim), victim), timeout=60)
-    time.sleep(random.uniform(0.0, 0.02))
-    os.kill(before[victim].pid, signal.SIGKILL)
+    before, target = _kill_at_a_random_step(cluster, job, victim, 5, STEPS // 2)
 
     finals = _finals(cluster, job)
     after = cluster.ranks(job)
     logs = {r: _log(cluster, job, r) for r in range(WORLD)}
-    story = f"victim {victim} at step {target}\n" + "\n".join(
-        f"--- rank {r}:\n{_not_steps(text)[-3000:]}" for r, text in logs.items()
-    )
+    story = _story(victim, target, logs)
     survivors = [r for r in range(WORLD) if r != victim]
     assert all(after[r].pid == before[r].pid and after[r].restart_count == 0 for r in survivors), story
     assert after[victim].restart_count == 1 and after[victim].pid != before[victim].pid, story
@@ -144,21 +159,12 @@ def test_a_killed_pure_fsdp_rank_is_restored_from_a_peer_s_ram_copy(
     cluster.coordinator()
     cluster.strategy()
     _run(cluster, job, PURE)
-    before = cluster.wait_running(job, WORLD, timeout=60)
-    cluster.wait_for("the warm-start server", lambda: _warm_server_ready(cluster), timeout=120)
-    now = max(_done_steps(_log(cluster, job, victim), victim), default=-1)
-    target = random.randrange(max(12, now + 2), max(STEPS // 2 + 5, now + 3))
-    assert target < STEPS - 5, f"training ran to step {now} before the warm-start server was ready"
-    cluster.wait_for(f"step {target}", lambda: target in _done_steps(_log(cluster, job, victim), victim), timeout=60)
-    time.sleep(random.uniform(0.0, 0.02))
-    os.kill(before[victim].pid, signal.SIGKILL)
+    before, target = _kill_at_a_random_step(cluster, job, victim, 12, STEPS // 2 + 5)
 
     finals = _finals(cluster, job)
     after = cluster.ranks(job)
     logs = {r: _log(cluster, job, r) for r in range(WORLD)}
-    story = f"victim {victim} after step {target}\n" + "\n".join(
-        f"--- rank {r}:\n{_not_steps(text)[-3000:]}" for r, text in logs.items()
-    )
+    story = _story(victim, target, logs)
     survivors = [r for r in range(WORLD) if r != victim]
     assert all(after[r].pid == before[r].pid and after[r].restart_count == 0 for r in survivors), story
     assert after[victim].restart_count == 1, story
@@ -195,22 +201,12 @@ def test_with_no_twin_and_no_copy_every_rank_restarts_from_the_checkpoint(
     cluster.coordinator()
     cluster.strategy()
     _run(cluster, job, ("--mesh", "fsdp", "--ckpt-every", "10", "--ckpt-dir", str(ckpt)))
-    before = cluster.wait_running(job, WORLD, timeout=60)
-    cluster.wait_for("the warm-start server", lambda: _warm_server_ready(cluster), timeout=120)
     cluster.wait_for("a checkpoint", lambda: (ckpt / "step").exists(), timeout=120)
-    now = max(_done_steps(_log(cluster, job, victim), victim), default=-1)
-    target = random.randrange(max(12, now + 2), max(STEPS // 2 + 5, now + 3))
-    assert target < STEPS - 5, f"training ran to step {now} before the warm-start server was ready"
-    cluster.wait_for(f"step {target}", lambda: target in _done_steps(_log(cluster, job, victim), victim), timeout=60)
-    os.kill(before[victim].pid, signal.SIGKILL)
+    _, target = _kill_at_a_random_step(cluster, job, victim, 12, STEPS // 2 + 5)
 
     finals = _finals(cluster, job)
     logs = {r: _log(cluster, job, r) for r in range(WORLD)}
-    story = (
-        f"victim {victim} after step {target}\n"
-        + "\n".join(f"--- rank {r}:\n{_not_steps(text)[-3000:]}" for r, text in logs.items())
-        + cluster.logs()
-    )
+    story = _story(victim, target, logs) + cluster.logs()
     survivors = [r for r in range(WORLD) if r != victim]
     for r in survivors:
         assert "cannot be rebuilt from peers" in logs[r], story
@@ -265,21 +261,12 @@ def test_a_killed_tensor_parallel_rank_is_healed_from_its_twin(
     cluster.coordinator()
     cluster.strategy()
     _run_tp(cluster, job)
-    before = cluster.wait_running(job, WORLD, timeout=60)
-    cluster.wait_for("the warm-start server", lambda: _warm_server_ready(cluster), timeout=120)
-    now = max(_done_steps(_log(cluster, job, victim), victim), default=-1)
-    target = random.randrange(max(5, now + 2), max(STEPS // 2, now + 3))
-    assert target < STEPS - 5, f"training ran to step {now} before the warm-start server was ready"
-    cluster.wait_for(f"step {target}", lambda: target in _done_steps(_log(cluster, job, victim), victim), timeout=60)
-    time.sleep(random.uniform(0.0, 0.02))
-    os.kill(before[victim].pid, signal.SIGKILL)
+    before, target = _kill_at_a_random_step(cluster, job, victim, 5, STEPS // 2)
 
     finals = _finals(cluster, job)
     after = cluster.ranks(job)
     logs = {r: _log(cluster, job, r) for r in range(WORLD)}
-    story = f"victim {victim} at step {target}\n" + "\n".join(
-        f"--- rank {r}:\n{_not_steps(text)[-3000:]}" for r, text in logs.items()
-    )
+    story = _story(victim, target, logs)
     survivors = [r for r in range(WORLD) if r != victim]
     assert all(after[r].pid == before[r].pid and after[r].restart_count == 0 for r in survivors), story
     assert after[victim].restart_count == 1, story

@@ -37,6 +37,12 @@ backward pass as usual, through a communication hook that fails at once when a p
 ``backward()`` raises instead of blocking and ``step_scope`` recovers. Without it, gradients are
 averaged by one flat all-reduce in :meth:`ResilientTrainer.apply`.
 
+**Sharded models.** With ``mesh=`` (a mesh from :func:`.mesh.resilient_mesh`: FSDP2, HSDP, tensor
+parallel) no rank holds the whole model: a replacement takes its shard from its twin, the rank
+holding the same shard in another replica (twins.py, docs/adr/0047), or, with ``ram_copy_every``,
+every rank goes back to a copy kept in a peer's RAM (ramcopies.py, docs/adr/0049). Where neither
+exists the rank exits with code 86 and recoverd restarts the job from its checkpoint.
+
 The same path serves ``retry``: a rank that raises :class:`RetryableFault` inside ``step_scope``
 aborts the generation, and every rank rolls the step back and runs it again, with no process
 restarted (through the agents, recoverd decides first: ``RecoveryProtocol.retry_decided``). A
